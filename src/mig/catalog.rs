@@ -1,0 +1,364 @@
+//! The MIG placement catalog: every MIG-capable GPU model as NVML names it, with its GPU-instance
+//! profiles, their NVML profile ids and the placements the driver accepts.
+//!
+//! The numbers live in one embedded data file, `data/mig-catalog.yaml`, so that the planner and
+//! the fake `libnvidia-ml.so` used in tests read the very same facts. Each model there carries a
+//! `source:` line that says where its numbers were seen (real `nvidia-smi mig -lgip/-lgipp`
+//! output, NVIDIA's MIG user guide) and `verified:` says whether the placements were quoted
+//! verbatim or inferred from the same chip family.
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+use serde::{Deserialize, Serialize};
+
+/// The embedded catalog text (also read by the fake NVML library in `tests/fake-nvml`).
+pub const CATALOG_YAML: &str = include_str!("../../data/mig-catalog.yaml");
+
+static CATALOG: LazyLock<Catalog> = LazyLock::new(|| {
+    Catalog::parse(CATALOG_YAML).unwrap_or_else(|e| panic!("embedded data/mig-catalog.yaml: {e}"))
+});
+
+/// The catalog compiled into this binary.
+pub fn catalog() -> &'static Catalog {
+    &CATALOG
+}
+
+/// A GPU-instance placement in memory-slot units, as `nvmlGpuInstancePlacement_t` has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(from = "[u32; 2]")]
+pub struct Placement {
+    pub start: u32,
+    pub size: u32,
+}
+
+impl From<[u32; 2]> for Placement {
+    fn from([start, size]: [u32; 2]) -> Self {
+        Placement { start, size }
+    }
+}
+
+impl Placement {
+    /// The memory slots this placement occupies, one bit per slot.
+    pub fn mask(self) -> u32 {
+        ((1u32 << self.size) - 1) << self.start
+    }
+
+    /// The last slot it occupies.
+    pub fn end(self) -> u32 {
+        self.start + self.size - 1
+    }
+}
+
+impl std::fmt::Display for Placement {
+    /// `start:size`, the notation of `nvidia-smi mig -lgi`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.start, self.size)
+    }
+}
+
+/// A compute-instance profile available inside a GPU instance.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ComputeInstanceProfile {
+    /// The `profile` argument of `nvmlGpuInstanceGetComputeInstanceProfileInfo`.
+    pub ci_profile_index: u32,
+    /// `info.id`, passed to the create calls.
+    pub profile_id: u32,
+    pub slice_count: u32,
+    pub instance_count: u32,
+    /// `nvidia-smi` marks the default CI profile of a GI with `*`; we create that one.
+    #[serde(default)]
+    pub default: bool,
+    pub placements: Vec<Placement>,
+}
+
+/// One GPU-instance profile of one model (a row of `nvidia-smi mig -lgip`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GpuInstanceProfile {
+    /// Short name, e.g. `1g.10gb`, `1g.10gb+me`.
+    pub name: String,
+    /// `NVML_GPU_INSTANCE_PROFILE_*`: only for `nvmlDeviceGetGpuInstanceProfileInfo`.
+    pub nvml_profile_index: u32,
+    /// `info.id`: what the create/placement calls take and what instances report.
+    pub profile_id: u32,
+    pub slice_count: u32,
+    /// Most instances of this profile that can exist at once.
+    pub instance_count: u32,
+    /// `info.memorySizeMB`; unknown for a few unverified models.
+    pub memory_mib: Option<u64>,
+    pub placements: Vec<Placement>,
+    pub ci_profile_set: String,
+    #[serde(default)]
+    pub verified: bool,
+    #[serde(default)]
+    pub placements_verified: bool,
+}
+
+impl GpuInstanceProfile {
+    /// Memory slots one instance occupies (all placements of a profile have the same size).
+    pub fn slots(&self) -> u32 {
+        self.placements.first().map_or(0, |p| p.size)
+    }
+
+    /// The extended resource the device plugin advertises for this profile under the `mixed`
+    /// strategy: `nvidia.com/mig-<name>` with `+` replaced by `.` (k8s-device-plugin v0.20).
+    pub fn resource_name(&self) -> String {
+        format!("nvidia.com/mig-{}", self.name.replace('+', "."))
+    }
+
+    /// `+me.all` profiles take every media engine: nvml.h says such an instance "prevents
+    /// allocation of all but _NO_ME profiles".
+    pub fn takes_all_media_engines(&self) -> bool {
+        self.name.ends_with("+me.all")
+    }
+
+    /// `-me` profiles have no media engines and may sit beside a `+me.all` instance.
+    pub fn has_no_media_engines(&self) -> bool {
+        self.name.ends_with("-me")
+    }
+}
+
+/// A MIG-capable GPU model.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GpuModel {
+    /// Short stable id, e.g. `h100-80gb-sxm`.
+    pub key: String,
+    /// What `nvmlDeviceGetName()` returns, e.g. `NVIDIA H100 80GB HBM3`.
+    pub nvml_name: String,
+    /// Other names accepted on the command line (`--gpu h100`).
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    /// Other product names (SKUs) with the same MIG geometry.
+    #[serde(default)]
+    pub also_named: Vec<String>,
+    /// Oldest driver that supports MIG on this model.
+    #[serde(default)]
+    pub min_driver: Option<String>,
+    pub pci_device_id: u32,
+    pub total_memory_mib: u64,
+    pub memory_slots: u32,
+    pub compute_slices: u32,
+    pub max_mig_devices: u32,
+    /// Where the numbers come from.
+    pub source: String,
+    /// True when the placements were seen verbatim in real output or NVIDIA documentation.
+    #[serde(default)]
+    pub verified: bool,
+    pub gpu_instance_profiles: Vec<GpuInstanceProfile>,
+}
+
+impl GpuModel {
+    /// The GPU-instance profile with this name (`1g.10gb`), if the model has it.
+    pub fn profile(&self, name: &str) -> Option<&GpuInstanceProfile> {
+        self.gpu_instance_profiles.iter().find(|p| p.name == name)
+    }
+
+    /// The GPU-instance profile with this NVML profile id, as instances report it.
+    pub fn profile_by_id(&self, profile_id: u32) -> Option<&GpuInstanceProfile> {
+        self.gpu_instance_profiles
+            .iter()
+            .find(|p| p.profile_id == profile_id)
+    }
+
+    /// Profile names, in catalog order, for error messages.
+    pub fn profile_names(&self) -> Vec<&str> {
+        self.gpu_instance_profiles
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect()
+    }
+
+    /// Whether `name` (a product name or a CLI alias) designates this model, ignoring case and
+    /// the `NVIDIA ` prefix that R470+ drivers add.
+    pub fn answers_to(&self, name: &str) -> bool {
+        let wanted = normalise_name(name);
+        std::iter::once(&self.key)
+            .chain(std::iter::once(&self.nvml_name))
+            .chain(&self.aliases)
+            .chain(&self.also_named)
+            .any(|n| normalise_name(n) == wanted)
+    }
+
+    /// Whether a product name NVML reports is this model (`answers_to` minus the CLI aliases).
+    pub fn has_product_name(&self, product: &str) -> bool {
+        let wanted = normalise_name(product);
+        std::iter::once(&self.nvml_name)
+            .chain(&self.also_named)
+            .any(|n| normalise_name(n) == wanted)
+    }
+
+    /// Every product name of this model, the main one first.
+    pub fn product_names(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.nvml_name.as_str()).chain(self.also_named.iter().map(String::as_str))
+    }
+}
+
+fn normalise_name(name: &str) -> String {
+    let lower = name.trim().to_ascii_lowercase();
+    lower
+        .strip_prefix("nvidia ")
+        .map(str::to_string)
+        .unwrap_or(lower)
+}
+
+/// Every MIG-capable model we know and the compute-instance profile sets they share.
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    pub models: Vec<GpuModel>,
+    pub ci_profile_sets: BTreeMap<String, Vec<ComputeInstanceProfile>>,
+}
+
+/// The file's shape; only the fields we use are read, the rest is documentation.
+#[derive(Deserialize)]
+struct CatalogFile {
+    ci_profile_sets: BTreeMap<String, Vec<ComputeInstanceProfile>>,
+    models: Vec<ModelEntry>,
+}
+
+#[derive(Deserialize)]
+struct ModelEntry {
+    #[serde(flatten)]
+    model: GpuModel,
+    /// SKUs that share the parent's profile table but differ in name/PCI id/memory.
+    #[serde(default)]
+    variants: BTreeMap<String, VariantEntry>,
+}
+
+#[derive(Deserialize)]
+struct VariantEntry {
+    nvml_name: String,
+    pci_device_id: u32,
+    total_memory_mib: u64,
+    source: String,
+    #[serde(default)]
+    placements_verified: bool,
+}
+
+impl Catalog {
+    /// Parse a catalog file and check that it is internally consistent.
+    pub fn parse(text: &str) -> Result<Catalog, String> {
+        let file: CatalogFile = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        let mut models = Vec::new();
+        for entry in file.models {
+            for (key, v) in &entry.variants {
+                let mut variant = entry.model.clone();
+                variant.key = key.clone();
+                variant.nvml_name = v.nvml_name.clone();
+                variant.aliases = vec![];
+                variant.also_named = vec![];
+                variant.pci_device_id = v.pci_device_id;
+                variant.total_memory_mib = v.total_memory_mib;
+                variant.source = v.source.clone();
+                variant.verified = v.placements_verified;
+                models.push(variant);
+            }
+            models.push(entry.model);
+        }
+        models.sort_by(|a, b| a.key.cmp(&b.key));
+        let catalog = Catalog {
+            models,
+            ci_profile_sets: file.ci_profile_sets,
+        };
+        catalog.check()?;
+        Ok(catalog)
+    }
+
+    /// Invariants the solver relies on: placements inside the grid, one size per profile,
+    /// known CI profile sets.
+    fn check(&self) -> Result<(), String> {
+        for m in &self.models {
+            if m.memory_slots > 16 {
+                return Err(format!("{}: more than 16 memory slots", m.key));
+            }
+            for p in &m.gpu_instance_profiles {
+                let size = p.slots();
+                for pl in &p.placements {
+                    if pl.size != size || pl.size == 0 || pl.start + pl.size > m.memory_slots {
+                        return Err(format!("{} {}: bad placement {pl}", m.key, p.name));
+                    }
+                }
+                if !self.ci_profile_sets.contains_key(&p.ci_profile_set) {
+                    return Err(format!("{} {}: unknown ci_profile_set", m.key, p.name));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The model a name designates (catalog key, alias, or NVML product name).
+    pub fn model(&self, name: &str) -> Option<&GpuModel> {
+        self.models.iter().find(|m| m.answers_to(name))
+    }
+
+    /// The model whose NVML product name is `product` (aliases don't count).
+    pub fn model_by_product(&self, product: &str) -> Option<&GpuModel> {
+        self.models.iter().find(|m| m.has_product_name(product))
+    }
+
+    /// The compute-instance profiles available inside a GI of this profile.
+    pub fn ci_profiles(&self, gi: &GpuInstanceProfile) -> &[ComputeInstanceProfile] {
+        self.ci_profile_sets
+            .get(&gi.ci_profile_set)
+            .map_or(&[], Vec::as_slice)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_catalog_parses_and_has_the_models_the_issue_names() {
+        for name in [
+            "NVIDIA A100-SXM4-40GB",
+            "NVIDIA A100-SXM4-80GB",
+            "NVIDIA A30",
+            "NVIDIA H100 80GB HBM3",
+            "NVIDIA H100 NVL",
+            "NVIDIA H200",
+            "NVIDIA B200",
+            "NVIDIA H100 PCIe",
+        ] {
+            assert!(catalog().model_by_product(name).is_some(), "{name}");
+        }
+    }
+
+    #[test]
+    fn names_ignore_case_and_the_nvidia_prefix() {
+        let c = catalog();
+        assert_eq!(c.model("h100").unwrap().key, "h100-80gb-sxm");
+        assert_eq!(c.model("H100 80GB HBM3").unwrap().key, "h100-80gb-sxm");
+        assert_eq!(c.model("A100-SXM4-40GB").unwrap().key, "a100-sxm4-40gb");
+        assert!(c.model_by_product("h100").is_none(), "aliases are not product names");
+    }
+
+    #[test]
+    fn resource_names_follow_the_device_plugin() {
+        let h100 = catalog().model("h100").unwrap();
+        let me = h100.profile("1g.10gb+me").unwrap();
+        assert_eq!(me.resource_name(), "nvidia.com/mig-1g.10gb.me");
+    }
+
+    #[test]
+    fn placement_masks() {
+        assert_eq!(Placement { start: 4, size: 4 }.mask(), 0b1111_0000);
+        assert_eq!(Placement { start: 6, size: 2 }.mask(), 0b1100_0000);
+    }
+
+    #[test]
+    fn every_profile_has_a_default_compute_instance_profile() {
+        let c = catalog();
+        for m in &c.models {
+            for p in &m.gpu_instance_profiles {
+                let cis = c.ci_profiles(p);
+                assert_eq!(
+                    cis.iter().filter(|ci| ci.default).count(),
+                    1,
+                    "{} {}",
+                    m.key,
+                    p.name
+                );
+            }
+        }
+    }
+}
