@@ -9,3 +9,6 @@
 //! change. Only executors touch hardware or the Kubernetes API.
 
 pub mod mig;
+pub mod mps;
+pub mod profile;
+pub mod timeslice;

@@ -3,6 +3,7 @@
 //! Applying a geometry through NVML lives with the NVML door; this module is pure.
 
 pub mod catalog;
+pub mod rule;
 pub mod solver;
 
 pub use catalog::{catalog, Catalog, GpuInstanceProfile, GpuModel, Placement};

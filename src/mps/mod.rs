@@ -1,0 +1,116 @@
+//! CUDA MPS: one control daemon per GPU set, clients share SMs with optional per-client limits
+//! on active threads and pinned device memory. This module owns the `mps` block's validation and
+//! how its limits are derived.
+
+use crate::profile::Mps;
+
+/// The MPS server accepts at most 48 clients per device on compute capability >= 7.5 (16 on
+/// older GPUs); NVIDIA's MPS daemon refuses more replicas ("invalid device maximum allowed
+/// replicas exceeded").
+pub const MAX_REPLICAS: i64 = 48;
+
+/// A pinned device-memory limit per client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PinnedMemoryLimit {
+    /// GPU memory divided by the number of replicas.
+    Auto,
+    Mib(u64),
+}
+
+/// Parse `auto` or a quantity (`8Gi`, `8G`, `8192Mi`, `8192M`; binary units either way, as
+/// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` reads `M` and `G`).
+pub fn parse_pinned_memory_limit(text: &str) -> Result<PinnedMemoryLimit, String> {
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("auto") {
+        return Ok(PinnedMemoryLimit::Auto);
+    }
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let factor = match unit {
+        "Gi" | "G" => 1024,
+        "Mi" | "M" => 1,
+        _ => {
+            return Err(format!(
+                "mps.pinnedMemoryLimit {text:?} is not `auto` or a size such as 8Gi or 512Mi"
+            ))
+        }
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("mps.pinnedMemoryLimit {text:?} has no number"))?;
+    if n == 0 {
+        return Err("mps.pinnedMemoryLimit must be more than 0".into());
+    }
+    Ok(PinnedMemoryLimit::Mib(n * factor))
+}
+
+impl PinnedMemoryLimit {
+    /// The limit per client on a GPU with `gpu_memory_mib`, shared by `replicas` clients.
+    pub fn per_client_mib(self, gpu_memory_mib: u64, replicas: u64) -> u64 {
+        match self {
+            PinnedMemoryLimit::Auto => gpu_memory_mib / replicas.max(1),
+            PinnedMemoryLimit::Mib(m) => m,
+        }
+    }
+}
+
+/// Problems with an `mps` block, as sentences.
+pub fn validate(mps: &Mps) -> Vec<String> {
+    let mut problems = Vec::new();
+    if mps.replicas < 2 {
+        problems.push(format!(
+            "mps.replicas is {}, but the number of replicas must be >= 2",
+            mps.replicas
+        ));
+    } else if mps.replicas > MAX_REPLICAS {
+        problems.push(format!(
+            "mps.replicas is {}, but an MPS server takes at most {MAX_REPLICAS} clients per GPU",
+            mps.replicas
+        ));
+    }
+    if let Some(p) = mps.active_thread_percentage {
+        if !(1..=100).contains(&p) {
+            problems.push(format!(
+                "mps.activeThreadPercentage is {p}, but it must be between 1 and 100"
+            ));
+        }
+    }
+    if let Some(limit) = &mps.pinned_memory_limit {
+        if let Err(e) = parse_pinned_memory_limit(limit) {
+            problems.push(e);
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mps(replicas: i64, pct: Option<i64>, mem: Option<&str>) -> Mps {
+        Mps {
+            replicas,
+            active_thread_percentage: pct,
+            pinned_memory_limit: mem.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn limits_parse() {
+        assert_eq!(parse_pinned_memory_limit("auto"), Ok(PinnedMemoryLimit::Auto));
+        assert_eq!(parse_pinned_memory_limit("8Gi"), Ok(PinnedMemoryLimit::Mib(8192)));
+        assert_eq!(parse_pinned_memory_limit("512M"), Ok(PinnedMemoryLimit::Mib(512)));
+        assert!(parse_pinned_memory_limit("8GB").is_err());
+        assert!(parse_pinned_memory_limit("0Gi").is_err());
+        assert_eq!(PinnedMemoryLimit::Auto.per_client_mib(81559, 4), 20389);
+    }
+
+    #[test]
+    fn bad_blocks_are_refused() {
+        assert!(validate(&mps(4, Some(25), Some("auto"))).is_empty());
+        assert!(validate(&mps(0, None, None))[0].contains(">= 2"));
+        assert!(validate(&mps(49, None, None))[0].contains("at most 48"));
+        assert!(validate(&mps(4, Some(0), None))[0].contains("between 1 and 100"));
+        assert!(validate(&mps(4, None, Some("lots")))[0].contains("not `auto`"));
+    }
+}

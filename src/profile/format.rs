@@ -1,0 +1,340 @@
+//! The sharing-profile format, `version: v1`.
+//!
+//! One profile per ConfigMap key; the node label `gpu-share.dev/profile` names the key. A profile
+//! is a list of rules; each rule selects GPUs and gives them exactly one sharing mode:
+//!
+//! ```yaml
+//! version: v1
+//! plugin: {renameByDefault: false}
+//! rules:
+//!   - name: partitioned
+//!     devices: [0, 1, 2, 3]
+//!     mig: {1g.10gb: 7}
+//!   - devices: ["4-7"]
+//!     timeSlicing: {replicas: 4}
+//! ```
+//!
+//! Unknown fields are errors: a misspelt key silently ignored is how the NVIDIA plugin's users
+//! lose a day (its config parse is not strict).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A sharing profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Profile {
+    /// Format version; `v1`.
+    pub version: String,
+    /// Free text for people reading the ConfigMap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Options passed on to the device plugin.
+    #[serde(default)]
+    pub plugin: PluginOptions,
+    /// Which GPUs share how. A GPU that no rule selects stays exclusive (one whole GPU, MIG off).
+    pub rules: Vec<Rule>,
+}
+
+/// Device-plugin options that apply to the whole node.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PluginOptions {
+    /// Advertise shared GPUs as `<name>.shared` (e.g. `nvidia.com/gpu.shared`) so pods opt in.
+    #[serde(default)]
+    pub rename_by_default: bool,
+    /// Refuse requests for more than one shared device (the plugin's default: false for
+    /// time-slicing, true for MPS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_requests_greater_than_one: Option<bool>,
+    /// How MIG devices are advertised; derived from the rules when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_strategy: Option<MigStrategy>,
+}
+
+/// The device plugin's MIG strategy.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum MigStrategy {
+    /// MIG-enabled GPUs are advertised as whole `nvidia.com/gpu`.
+    None,
+    /// Every GPU has the same single MIG profile; instances are advertised as `nvidia.com/gpu`.
+    Single,
+    /// Each MIG profile is its own resource, `nvidia.com/mig-<profile>`.
+    Mixed,
+}
+
+impl fmt::Display for MigStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MigStrategy::None => "none",
+            MigStrategy::Single => "single",
+            MigStrategy::Mixed => "mixed",
+        })
+    }
+}
+
+/// One rule: which GPUs, and how they are shared.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Rule {
+    /// A name for messages and events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Which GPUs this rule applies to.
+    pub devices: DeviceSelector,
+    /// No sharing: each GPU is one whole `nvidia.com/gpu`, MIG off. Only `true` is meaningful.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclusive: Option<bool>,
+    /// Time-slicing: each GPU is advertised `replicas` times. Beside `mig`, time-slices each MIG
+    /// device instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_slicing: Option<TimeSlicing>,
+    /// CUDA MPS: `replicas` clients share each GPU through one control daemon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps: Option<Mps>,
+    /// MIG: the GPU-instance profiles to create on each selected GPU, name → count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<BTreeMap<String, i64>>,
+}
+
+/// Time-slicing settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TimeSlicing {
+    /// How many pods may share each device; at least 2.
+    pub replicas: i64,
+}
+
+/// MPS settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Mps {
+    /// How many clients share each GPU; 2 to 48 (the MPS server's client limit on Volta+).
+    pub replicas: i64,
+    /// Default `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` per client, 1–100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_thread_percentage: Option<i64>,
+    /// Default pinned device memory per client: `auto` (GPU memory / replicas) or a quantity
+    /// such as `8Gi`, `8G`, `8192Mi`, `8192M`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned_memory_limit: Option<String>,
+}
+
+/// Which GPUs a rule selects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSelector {
+    /// `devices: all`.
+    All,
+    /// `devices: [0, 1, "4-7"]`: GPU indices as NVML numbers them.
+    Indices(Vec<u32>),
+    /// `devices: {product: "NVIDIA H100*"}`: NVML product names, `*` matching any text.
+    Product(String),
+}
+
+impl DeviceSelector {
+    /// Whether the GPU at `index` with product name `product` is selected.
+    pub fn selects(&self, index: u32, product: &str) -> bool {
+        match self {
+            DeviceSelector::All => true,
+            DeviceSelector::Indices(list) => list.contains(&index),
+            DeviceSelector::Product(pattern) => glob_matches(pattern, product),
+        }
+    }
+}
+
+impl fmt::Display for DeviceSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSelector::All => f.write_str("all"),
+            DeviceSelector::Indices(list) => {
+                let items: Vec<String> = list.iter().map(u32::to_string).collect();
+                write!(f, "[{}]", items.join(", "))
+            }
+            DeviceSelector::Product(p) => write!(f, "product {p:?}"),
+        }
+    }
+}
+
+/// Case-insensitive glob where `*` matches any run of characters.
+pub fn glob_matches(pattern: &str, text: &str) -> bool {
+    let pattern = pattern.to_ascii_lowercase();
+    let text = text.to_ascii_lowercase();
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == text;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !text.starts_with(first) || text.len() < first.len() + last.len() {
+        return false;
+    }
+    let mut rest = &text[first.len()..text.len() - last.len()];
+    if !text.ends_with(last) {
+        return false;
+    }
+    for middle in &parts[1..parts.len() - 1] {
+        match rest.find(middle) {
+            Some(at) => rest = &rest[at + middle.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+mod selector_serde {
+    //! `devices:` takes three shapes; a hand-written visitor gives errors that say which.
+    use super::DeviceSelector;
+    use serde::de::{self, MapAccess, SeqAccess, Visitor};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::fmt;
+
+    const EXPECTED: &str = "`all`, a list of GPU indices such as [0, 1, \"4-7\"], or {product: \"NVIDIA H100*\"}";
+
+    impl<'de> Deserialize<'de> for DeviceSelector {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_any(SelectorVisitor)
+        }
+    }
+
+    struct SelectorVisitor;
+
+    impl<'de> Visitor<'de> for SelectorVisitor {
+        type Value = DeviceSelector;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str(EXPECTED)
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            if v == "all" {
+                Ok(DeviceSelector::All)
+            } else {
+                Err(E::custom(format!("devices: {v:?} is not {EXPECTED}")))
+            }
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut indices = Vec::new();
+            while let Some(item) = seq.next_element::<IndexItem>()? {
+                match item {
+                    IndexItem::One(i) => indices.push(index_from(i)?),
+                    IndexItem::Range(r) => indices.extend(parse_range(&r).map_err(de::Error::custom)?),
+                }
+            }
+            Ok(DeviceSelector::Indices(indices))
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut product = None;
+            while let Some(key) = map.next_key::<String>()? {
+                match key.as_str() {
+                    "product" if product.is_none() => product = Some(map.next_value::<String>()?),
+                    "product" => return Err(de::Error::duplicate_field("product")),
+                    other => return Err(de::Error::unknown_field(other, &["product"])),
+                }
+            }
+            product
+                .map(DeviceSelector::Product)
+                .ok_or_else(|| de::Error::missing_field("product"))
+        }
+    }
+
+    fn index_from<E: de::Error>(i: i64) -> Result<u32, E> {
+        u32::try_from(i).map_err(|_| E::custom(format!("GPU index {i} is negative or too large")))
+    }
+
+    /// `"4-7"` → 4, 5, 6, 7; `"3"` → 3.
+    fn parse_range(text: &str) -> Result<Vec<u32>, String> {
+        let bad = || format!("devices: {text:?} is not a GPU index or a range such as \"4-7\"");
+        let (lo, hi) = match text.split_once('-') {
+            Some((a, b)) => (a.trim(), b.trim()),
+            None => (text.trim(), text.trim()),
+        };
+        let lo: u32 = lo.parse().map_err(|_| bad())?;
+        let hi: u32 = hi.parse().map_err(|_| bad())?;
+        if lo > hi {
+            return Err(format!("devices: range {text:?} runs backwards"));
+        }
+        Ok((lo..=hi).collect())
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum IndexItem {
+        One(i64),
+        Range(String),
+    }
+
+    impl Serialize for DeviceSelector {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap;
+            match self {
+                DeviceSelector::All => s.serialize_str("all"),
+                DeviceSelector::Indices(list) => list.serialize(s),
+                DeviceSelector::Product(p) => {
+                    let mut m = s.serialize_map(Some(1))?;
+                    m.serialize_entry("product", p)?;
+                    m.end()
+                }
+            }
+        }
+    }
+}
+
+impl JsonSchema for DeviceSelector {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "DeviceSelector".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Which GPUs a rule selects: `all`, a list of NVML indices (numbers or ranges such as \"4-7\"), or a product-name glob.",
+            "oneOf": [
+                {"const": "all"},
+                {"type": "array", "minItems": 1, "items": {"oneOf": [
+                    {"type": "integer", "minimum": 0},
+                    {"type": "string", "pattern": "^[0-9]+(-[0-9]+)?$"}
+                ]}},
+                {"type": "object", "additionalProperties": false, "required": ["product"],
+                 "properties": {"product": {"type": "string", "description": "NVML product name; `*` matches any text, case-insensitive"}}}
+            ]
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob_matches("NVIDIA H100*", "NVIDIA H100 80GB HBM3"));
+        assert!(glob_matches("*h100*", "NVIDIA H100 NVL"));
+        assert!(glob_matches("NVIDIA A30", "nvidia a30"));
+        assert!(!glob_matches("NVIDIA A30", "NVIDIA A30X"));
+        assert!(!glob_matches("*H200", "NVIDIA H200 NVL"));
+        assert!(glob_matches("NVIDIA*NVL", "NVIDIA H200 NVL"));
+        assert!(!glob_matches("ab*ba", "aba"));
+    }
+
+    #[test]
+    fn selectors_parse_in_three_shapes() {
+        let all: DeviceSelector = serde_yaml::from_str("all").unwrap();
+        assert_eq!(all, DeviceSelector::All);
+        let list: DeviceSelector = serde_yaml::from_str("[0, \"2-4\", 7]").unwrap();
+        assert_eq!(list, DeviceSelector::Indices(vec![0, 2, 3, 4, 7]));
+        let p: DeviceSelector = serde_yaml::from_str("{product: 'NVIDIA H100*'}").unwrap();
+        assert_eq!(p, DeviceSelector::Product("NVIDIA H100*".into()));
+        let err = serde_yaml::from_str::<DeviceSelector>("some").unwrap_err();
+        assert!(err.to_string().contains("\"some\" is not `all`"), "{err}");
+        let err = serde_yaml::from_str::<DeviceSelector>("[-1]").unwrap_err();
+        assert!(err.to_string().contains("GPU index -1"), "{err}");
+        let err = serde_yaml::from_str::<DeviceSelector>("{model: x}").unwrap_err();
+        assert!(err.to_string().contains("unknown field `model`"), "{err}");
+    }
+}

@@ -1,0 +1,103 @@
+//! The sharing-profile format: types (serde + schemars), reading from files and ConfigMaps, and
+//! validation with messages that name the profile, the rule and the GPU model.
+
+mod format;
+mod parse;
+mod problem;
+mod validate;
+
+use std::collections::BTreeMap;
+
+pub use format::{
+    glob_matches, DeviceSelector, MigStrategy, Mps, PluginOptions, Profile, Rule, TimeSlicing,
+};
+pub use parse::{check_key, parse_profile, read_profiles, NamedProfile};
+pub use problem::{Problem, RuleRef, Severity};
+pub use validate::{mig_strategy, validate};
+
+/// The one version this build reads.
+pub const VERSION: &str = "v1";
+
+/// The sharing mode a rule gives its GPUs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Mode<'a> {
+    Exclusive,
+    TimeSlicing(&'a TimeSlicing),
+    Mps(&'a Mps),
+    /// MIG instances, optionally each time-sliced.
+    Mig {
+        instances: &'a BTreeMap<String, i64>,
+        time_slicing: Option<&'a TimeSlicing>,
+    },
+}
+
+impl Mode<'_> {
+    /// The mode's name as written in a profile.
+    pub fn keyword(&self) -> &'static str {
+        match self {
+            Mode::Exclusive => "exclusive",
+            Mode::TimeSlicing(_) => "timeSlicing",
+            Mode::Mps(_) => "mps",
+            Mode::Mig { .. } => "mig",
+        }
+    }
+}
+
+impl Rule {
+    /// The rule's single mode, or why it has none or too many. `timeSlicing` may accompany
+    /// `mig`: it then time-slices each MIG device.
+    pub fn mode(&self) -> Result<Mode<'_>, String> {
+        let mut set = Vec::new();
+        if self.exclusive.is_some() {
+            set.push("exclusive");
+        }
+        if self.time_slicing.is_some() && self.mig.is_none() {
+            set.push("timeSlicing");
+        }
+        if self.mps.is_some() {
+            set.push("mps");
+        }
+        if self.mig.is_some() {
+            set.push("mig");
+        }
+        match set.as_slice() {
+            [] => {
+                return Err(
+                    "the rule gives no mode: set one of exclusive, timeSlicing, mps or mig".into(),
+                )
+            }
+            [_] => {}
+            many => {
+                return Err(format!(
+                    "the rule sets {}; a rule gives exactly one mode (timeSlicing may only accompany mig, to time-slice its MIG devices)",
+                    many.join(" and ")
+                ))
+            }
+        }
+        if self.exclusive == Some(false) {
+            return Err("`exclusive: false` means nothing: write `exclusive: true` or give another mode".into());
+        }
+        Ok(if let Some(instances) = &self.mig {
+            Mode::Mig {
+                instances,
+                time_slicing: self.time_slicing.as_ref(),
+            }
+        } else if let Some(ts) = &self.time_slicing {
+            Mode::TimeSlicing(ts)
+        } else if let Some(mps) = &self.mps {
+            Mode::Mps(mps)
+        } else {
+            Mode::Exclusive
+        })
+    }
+}
+
+/// MIG counts as the solver takes them; negative or zero counts (refused by `validate`) are
+/// dropped.
+pub fn mig_counts(instances: &BTreeMap<String, i64>) -> BTreeMap<String, u32> {
+    instances
+        .iter()
+        .filter(|(_, &c)| c > 0)
+        .map(|(n, &c)| (n.clone(), u32::try_from(c).unwrap_or(u32::MAX)))
+        .collect()
+}

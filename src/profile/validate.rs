@@ -1,0 +1,213 @@
+//! Validation: every rule on its own, against every catalog model it could match, then the
+//! rules together (overlapping selectors, the MIG strategy the device plugin will need).
+
+use std::collections::BTreeSet;
+
+use super::{mig_counts, DeviceSelector, MigStrategy, Mode, Problem, Profile, Rule, VERSION};
+use crate::mig::{catalog, rule as mig_rule};
+use crate::{mps, timeslice};
+
+/// Every problem in a profile; an empty list means it is valid. `name` is the profile's name
+/// (ConfigMap key or file stem), used in the messages.
+pub fn validate(name: &str, profile: &Profile) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    if profile.version != VERSION {
+        problems.push(Problem::error(
+            name,
+            format!(
+                "version {:?} is not supported: this gpu-share reads version {VERSION}",
+                profile.version
+            ),
+        ));
+    }
+    if profile.rules.is_empty() {
+        problems.push(Problem::error(
+            name,
+            "the profile has no rules: give at least one (e.g. {devices: all, timeSlicing: {replicas: 2}})",
+        ));
+    }
+    for (i, rule) in profile.rules.iter().enumerate() {
+        problems.extend(validate_rule(name, i, rule));
+    }
+    problems.extend(overlapping_selectors(name, &profile.rules));
+    problems.extend(check_mig_strategy(name, profile));
+    problems
+}
+
+fn validate_rule(name: &str, index: usize, rule: &Rule) -> Vec<Problem> {
+    let at = |message: String| Problem::error(name, message).in_rule(index, rule);
+    let mut problems: Vec<Problem> = check_selector(&rule.devices).into_iter().map(at).collect();
+    let mode = match rule.mode() {
+        Ok(mode) => mode,
+        Err(message) => {
+            problems.push(at(message));
+            return problems;
+        }
+    };
+    let messages = match mode {
+        Mode::Exclusive => Vec::new(),
+        Mode::TimeSlicing(ts) => timeslice::validate(ts),
+        Mode::Mps(m) => mps::validate(m),
+        Mode::Mig {
+            instances,
+            time_slicing,
+        } => {
+            let mut messages = time_slicing.map(timeslice::validate).unwrap_or_default();
+            messages.extend(mig_counts_problems(instances));
+            problems.extend(messages.drain(..).map(at));
+            if problems.is_empty() {
+                problems.extend(
+                    mig_rule::validate(&rule.devices, &mig_counts(instances))
+                        .into_iter()
+                        .map(|p| {
+                            let problem = at(p.message);
+                            match p.model {
+                                Some(model) => problem.on_gpu(model),
+                                None => problem,
+                            }
+                        }),
+                );
+            }
+            Vec::new()
+        }
+    };
+    problems.extend(messages.into_iter().map(at));
+    problems
+}
+
+fn mig_counts_problems(instances: &std::collections::BTreeMap<String, i64>) -> Vec<String> {
+    if instances.is_empty() {
+        return vec!["mig lists no instances: give profile: count pairs such as {1g.10gb: 7}".into()];
+    }
+    instances
+        .iter()
+        .filter(|(_, &c)| c < 1)
+        .map(|(n, c)| format!("mig asks for {c} × {n}: a count must be at least 1 (leave the profile out instead)"))
+        .collect()
+}
+
+fn check_selector(selector: &DeviceSelector) -> Vec<String> {
+    match selector {
+        DeviceSelector::Indices(list) if list.is_empty() => {
+            vec!["devices is an empty list: it selects no GPU".into()]
+        }
+        DeviceSelector::Indices(list) => {
+            let mut seen = BTreeSet::new();
+            let dups: BTreeSet<u32> = list.iter().filter(|i| !seen.insert(**i)).copied().collect();
+            if dups.is_empty() {
+                Vec::new()
+            } else {
+                vec![format!("devices lists GPU {} more than once", join(&dups))]
+            }
+        }
+        DeviceSelector::Product(p) if p.trim().is_empty() => {
+            vec!["devices.product is empty".into()]
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// A GPU takes exactly one rule, so two selectors that can pick the same GPU are an error.
+/// Index and product selectors can only be compared on a concrete node; `plan` checks those.
+fn overlapping_selectors(name: &str, rules: &[Rule]) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (j, later) in rules.iter().enumerate() {
+        for (i, earlier) in rules.iter().enumerate().take(j) {
+            if let Some(why) = overlap(&earlier.devices, &later.devices) {
+                problems.push(
+                    Problem::error(
+                        name,
+                        format!("its devices overlap rule {}'s: {why}; a GPU takes exactly one rule", i + 1),
+                    )
+                    .in_rule(j, later),
+                );
+            }
+        }
+    }
+    problems
+}
+
+fn overlap(a: &DeviceSelector, b: &DeviceSelector) -> Option<String> {
+    use DeviceSelector::*;
+    match (a, b) {
+        (All, _) | (_, All) => Some("`all` selects every GPU".into()),
+        (Indices(x), Indices(y)) => {
+            let common: BTreeSet<u32> = x.iter().filter(|i| y.contains(i)).copied().collect();
+            (!common.is_empty()).then(|| format!("both select GPU {}", join(&common)))
+        }
+        (Product(x), Product(y)) => catalog()
+            .models
+            .iter()
+            .flat_map(|m| m.product_names())
+            .find(|n| super::glob_matches(x, n) && super::glob_matches(y, n))
+            .map(|n| format!("both match product {n:?}"))
+            .or_else(|| (x.eq_ignore_ascii_case(y)).then(|| format!("both match product {x:?}"))),
+        _ => None,
+    }
+}
+
+fn join(set: &BTreeSet<u32>) -> String {
+    set.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// The MIG strategy the device plugin will run with: the profile's, or derived — `single` when
+/// one rule puts one MIG profile on every GPU, `mixed` for any other MIG use, `none` without MIG.
+pub fn mig_strategy(profile: &Profile) -> MigStrategy {
+    if let Some(s) = profile.plugin.mig_strategy {
+        return s;
+    }
+    let mig_rules: Vec<&Rule> = profile.rules.iter().filter(|r| r.mig.is_some()).collect();
+    match mig_rules.as_slice() {
+        [] => MigStrategy::None,
+        [only]
+            if profile.rules.len() == 1
+                && only.devices == DeviceSelector::All
+                && mig_profile_names(profile).len() == 1 =>
+        {
+            MigStrategy::Single
+        }
+        _ => MigStrategy::Mixed,
+    }
+}
+
+fn mig_profile_names(profile: &Profile) -> BTreeSet<&str> {
+    profile
+        .rules
+        .iter()
+        .filter_map(|r| r.mig.as_ref())
+        .flat_map(|m| m.keys().map(String::as_str))
+        .collect()
+}
+
+/// A strategy given explicitly must be one the device plugin can run with these rules; its
+/// own refusals are quoted.
+fn check_mig_strategy(name: &str, profile: &Profile) -> Vec<Problem> {
+    let Some(strategy) = profile.plugin.mig_strategy else {
+        return Vec::new();
+    };
+    let uses_mig = profile.rules.iter().any(|r| r.mig.is_some());
+    let names = mig_profile_names(profile);
+    let message = match strategy {
+        MigStrategy::None if uses_mig => Some(
+            "plugin.migStrategy none advertises MIG-enabled GPUs as whole nvidia.com/gpu, so the MIG instances this profile creates could not be requested: use mixed or single, or leave it out".to_string(),
+        ),
+        MigStrategy::Single if names.len() > 1 => Some(format!(
+            "plugin.migStrategy single allows one MIG profile per node, but the rules use {} (the device plugin refuses: \"more than one MIG device type present on node\"): use mixed",
+            names.into_iter().collect::<Vec<_>>().join(", ")
+        )),
+        MigStrategy::Single
+            if uses_mig
+                && (profile.rules.len() > 1 || profile.rules.iter().any(|r| r.devices != DeviceSelector::All)) =>
+        {
+            Some("plugin.migStrategy single needs every GPU in MIG mode, so one `devices: all` mig rule (the device plugin refuses otherwise: \"all devices on the node must be configured with the same migEnabled value\"): use mixed".to_string())
+        }
+        MigStrategy::Single | MigStrategy::Mixed if !uses_mig => {
+            return vec![Problem::warning(
+                name,
+                format!("plugin.migStrategy {strategy} has no effect: no rule uses mig"),
+            )]
+        }
+        _ => None,
+    };
+    message.map(|m| Problem::error(name, m)).into_iter().collect()
+}

@@ -1,0 +1,46 @@
+//! Time-slicing: the device plugin advertises each device `replicas` times and CUDA time-slices
+//! the pods that land on it. No memory or fault isolation; this module owns its validation and
+//! its share of the advertised resources.
+
+use crate::profile::TimeSlicing;
+
+/// The NVIDIA device plugin refuses `replicas < 2` ("number of replicas must be >= 2"); one
+/// replica is not sharing, so a profile says `exclusive: true` instead.
+pub const MIN_REPLICAS: i64 = 2;
+
+/// Problems with a `timeSlicing` block, as sentences.
+pub fn validate(ts: &TimeSlicing) -> Vec<String> {
+    if ts.replicas < MIN_REPLICAS {
+        let hint = if ts.replicas == 1 {
+            " (one replica is not sharing: use `exclusive: true`)"
+        } else {
+            ""
+        };
+        return vec![format!(
+            "timeSlicing.replicas is {}, but the number of replicas must be >= {MIN_REPLICAS}{hint}",
+            ts.replicas
+        )];
+    }
+    Vec::new()
+}
+
+/// How many schedulable devices one time-sliced device becomes.
+pub fn replicas(ts: Option<&TimeSlicing>) -> u64 {
+    ts.map_or(1, |t| t.replicas.max(1) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replicas_below_two_are_refused_with_the_plugins_reason() {
+        for r in [-3, 0, 1] {
+            let p = validate(&TimeSlicing { replicas: r });
+            assert_eq!(p.len(), 1);
+            assert!(p[0].contains("must be >= 2"), "{}", p[0]);
+        }
+        assert!(validate(&TimeSlicing { replicas: 1 })[0].contains("exclusive: true"));
+        assert!(validate(&TimeSlicing { replicas: 2 }).is_empty());
+    }
+}
