@@ -12,3 +12,5 @@ pub mod mig;
 pub mod mps;
 pub mod profile;
 pub mod timeslice;
+pub mod plan;
+pub mod cli;

@@ -26,15 +26,28 @@ pub fn catalog() -> &'static Catalog {
 
 /// A GPU-instance placement in memory-slot units, as `nvmlGpuInstancePlacement_t` has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(from = "[u32; 2]")]
+#[serde(from = "PlacementRepr")]
 pub struct Placement {
     pub start: u32,
     pub size: u32,
 }
 
-impl From<[u32; 2]> for Placement {
-    fn from([start, size]: [u32; 2]) -> Self {
-        Placement { start, size }
+/// Placements are read as `[start, size]` (the catalog, hand-written states) or as
+/// `{start, size}` (what we print), so printed states can be read back.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PlacementRepr {
+    Pair([u32; 2]),
+    Fields { start: u32, size: u32 },
+}
+
+impl From<PlacementRepr> for Placement {
+    fn from(repr: PlacementRepr) -> Self {
+        match repr {
+            PlacementRepr::Pair([start, size]) | PlacementRepr::Fields { start, size } => {
+                Placement { start, size }
+            }
+        }
     }
 }
 

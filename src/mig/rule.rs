@@ -12,6 +12,8 @@ use crate::profile::{glob_matches, DeviceSelector};
 pub struct MigRuleProblem {
     pub model: Option<String>,
     pub message: String,
+    /// False when the rule fails only on some of the models it might meet (see [`validate`]).
+    pub fatal: bool,
 }
 
 /// Whether a name looks like a MIG GPU-instance profile (`1g.10gb`, `1g.10gb+me`,
@@ -50,6 +52,13 @@ pub fn candidate_models<'a>(
 }
 
 /// Check a MIG rule against every catalog model it could apply to.
+///
+/// A product selector names its models, so a failure on any of them is fatal. An index or `all`
+/// selector may meet any model that has the named profiles, and the same name can mean different
+/// geometry on different models (`1g.10gb` is a 1-slot profile, 7 per GPU, on an H100 but a
+/// 2-slot one, 4 per GPU, on an A100 40GB). Such a rule is an error only when it fits no model;
+/// the models where it does not fit are reported as warnings, since a node of that model would
+/// refuse the profile at plan time.
 pub fn validate(selector: &DeviceSelector, wanted: &BTreeMap<String, u32>) -> Vec<MigRuleProblem> {
     if let Some(bad) = wanted.keys().find(|n| !is_profile_name(n)) {
         return vec![MigRuleProblem {
@@ -57,19 +66,35 @@ pub fn validate(selector: &DeviceSelector, wanted: &BTreeMap<String, u32>) -> Ve
             message: format!(
                 "{bad:?} is not a MIG profile name (they look like 1g.10gb, 3g.40gb, 1g.10gb+me)"
             ),
+            fatal: true,
         }];
     }
     let models = candidate_models(selector, wanted);
     if models.is_empty() {
         return vec![no_model_problem(selector, wanted)];
     }
-    models
-        .into_iter()
+    let failures: Vec<MigRuleProblem> = models
+        .iter()
         .filter_map(|m| {
             solve(m, wanted, &[]).err().map(|e| MigRuleProblem {
                 model: Some(m.nvml_name.clone()),
                 message: e.to_string(),
+                fatal: true,
             })
+        })
+        .collect();
+    let fits_somewhere = failures.len() < models.len();
+    let by_product = matches!(selector, DeviceSelector::Product(_));
+    failures
+        .into_iter()
+        .map(|mut p| {
+            if fits_somewhere && !by_product {
+                p.fatal = false;
+                p.message.push_str(
+                    " (the rule fits other models; select GPUs by product to say which it is for)",
+                );
+            }
+            p
         })
         .collect()
 }
@@ -110,6 +135,7 @@ fn no_model_problem(selector: &DeviceSelector, wanted: &BTreeMap<String, u32>) -
     MigRuleProblem {
         model: None,
         message,
+        fatal: true,
     }
 }
 
@@ -136,6 +162,16 @@ mod tests {
         let p = validate(&DeviceSelector::All, &want(&[("1g.10gb", 1), ("1g.18gb", 1)]));
         assert_eq!(p.len(), 1);
         assert!(p[0].message.contains("1g.18gb exists on NVIDIA H200"), "{}", p[0].message);
+    }
+
+    #[test]
+    fn a_rule_that_fits_some_models_warns_about_the_others() {
+        let p = validate(&DeviceSelector::All, &want(&[("1g.10gb", 7)]));
+        assert_eq!(p.len(), 1);
+        assert!(!p[0].fatal);
+        assert_eq!(p[0].model.as_deref(), Some("NVIDIA A100-SXM4-40GB"));
+        let p = validate(&DeviceSelector::All, &want(&[("1g.10gb", 8)]));
+        assert!(p.iter().all(|p| p.fatal), "fits nowhere: {p:?}");
     }
 
     #[test]

@@ -60,7 +60,10 @@ fn validate_rule(name: &str, index: usize, rule: &Rule) -> Vec<Problem> {
                     mig_rule::validate(&rule.devices, &mig_counts(instances))
                         .into_iter()
                         .map(|p| {
-                            let problem = at(p.message);
+                            let mut problem = at(p.message);
+                            if !p.fatal {
+                                problem.severity = super::Severity::Warning;
+                            }
                             match p.model {
                                 Some(model) => problem.on_gpu(model),
                                 None => problem,

@@ -1,0 +1,226 @@
+//! The `gpu-share` command line. Each subcommand reads its inputs, calls the pure core and
+//! prints the result as text for people or JSON/YAML for scripts.
+
+mod render;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Serialize;
+
+use crate::mig::catalog;
+use crate::plan::{plan, ObservedNode};
+use crate::profile::{read_profiles, validate, NamedProfile, Problem, Profile};
+
+/// Share NVIDIA GPUs in Kubernetes: MIG geometry, MPS and time-slicing from one profile.
+#[derive(Parser, Debug)]
+#[command(name = "gpu-share", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Check profile files or ConfigMaps; exit 1 if any has an error.
+    Validate(ValidateArgs),
+    /// Show what a profile would change on a node (simulated or observed) and what it advertises.
+    Plan(PlanArgs),
+    /// Print the profile format's JSON Schema.
+    Schema,
+    /// List the MIG-capable GPU models and their profiles.
+    Catalog(OutputArgs),
+}
+
+#[derive(Args, Debug)]
+struct OutputArgs {
+    /// Output format.
+    #[arg(long, short, value_enum, default_value_t = Output::Text)]
+    output: Output,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Output {
+    Text,
+    Json,
+    Yaml,
+}
+
+#[derive(Args, Debug)]
+struct ValidateArgs {
+    /// Profile files, or YAML files holding ConfigMaps whose data keys are profiles.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    #[command(flatten)]
+    out: OutputArgs,
+}
+
+#[derive(Args, Debug)]
+struct PlanArgs {
+    /// The profile: a profile file, or a ConfigMap file (then pick the key with --key).
+    #[arg(long)]
+    profile: PathBuf,
+    /// Which ConfigMap key to plan, when the file holds more than one profile.
+    #[arg(long)]
+    key: Option<String>,
+    /// Simulated GPUs, MODEL[xN]: a catalog model (`h100x4`, `a100-40gb`, `NVIDIA H200`) or any
+    /// product name for a GPU without MIG. Repeat for mixed nodes.
+    #[arg(long, required_unless_present = "current", conflicts_with = "current")]
+    gpu: Vec<String>,
+    /// An observed node state (YAML or JSON, as `gpu-share status --output json` prints it).
+    #[arg(long)]
+    current: Option<PathBuf>,
+    #[command(flatten)]
+    out: OutputArgs,
+}
+
+/// Parse the command line and run; the exit code says whether problems were found.
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    match dispatch(cli) {
+        Ok(code) => code,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Validate(args) => run_validate(&args),
+        Command::Plan(args) => run_plan(&args),
+        Command::Schema => {
+            let schema = schemars::schema_for!(Profile);
+            println!("{}", serde_json::to_string_pretty(&schema)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Catalog(out) => {
+            emit(out.output, &catalog().models, render::catalog)?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// One profile's validation result.
+#[derive(Serialize)]
+struct Checked {
+    file: String,
+    profile: String,
+    valid: bool,
+    problems: Vec<Problem>,
+}
+
+fn run_validate(args: &ValidateArgs) -> Result<ExitCode> {
+    let mut results = Vec::new();
+    for file in &args.files {
+        for named in read_file(file)? {
+            let problems = match &named.profile {
+                Ok(profile) => validate(&named.name, profile),
+                Err(problem) => vec![problem.clone()],
+            };
+            results.push(Checked {
+                file: file.display().to_string(),
+                valid: !problems.iter().any(Problem::is_error),
+                profile: named.name,
+                problems,
+            });
+        }
+    }
+    emit(args.out.output, &results, |r| render::validation(r))?;
+    let ok = results.iter().all(|r| r.valid);
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn run_plan(args: &PlanArgs) -> Result<ExitCode> {
+    let named = pick_profile(&args.profile, args.key.as_deref())?;
+    let profile = match named.profile {
+        Ok(p) => p,
+        Err(problem) => return report_problems(args.out.output, &[problem]),
+    };
+    let (node, simulated) = match &args.current {
+        Some(path) => (read_observed(path)?, false),
+        None => (ObservedNode::simulated(&args.gpu), true),
+    };
+    match plan(&named.name, &profile, &node) {
+        Ok(plan) => {
+            emit(args.out.output, &plan, |p| render::plan(p, simulated))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(problems) => report_problems(args.out.output, &problems),
+    }
+}
+
+fn report_problems(output: Output, problems: &[Problem]) -> Result<ExitCode> {
+    emit(output, &problems, |ps| {
+        ps.iter().map(|p| format!("{p}\n")).collect::<String>()
+    })?;
+    Ok(ExitCode::FAILURE)
+}
+
+fn read_file(path: &Path) -> Result<Vec<NamedProfile>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let stem = path
+        .file_stem()
+        .map_or_else(|| "profile".into(), |s| s.to_string_lossy().into_owned());
+    Ok(read_profiles(&stem, &text))
+}
+
+fn pick_profile(path: &Path, key: Option<&str>) -> Result<NamedProfile> {
+    let mut all = read_file(path)?;
+    match key {
+        Some(k) => match all.iter().position(|p| p.name == k) {
+            Some(i) => Ok(all.swap_remove(i)),
+            None => bail!(
+                "{} has no profile {k:?}; it has {}",
+                path.display(),
+                names(&all)
+            ),
+        },
+        None if all.len() == 1 => Ok(all.remove(0)),
+        None => bail!(
+            "{} holds {} profiles ({}): pick one with --key",
+            path.display(),
+            all.len(),
+            names(&all)
+        ),
+    }
+}
+
+fn names(all: &[NamedProfile]) -> String {
+    all.iter()
+        .map(|p| p.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn read_observed(path: &Path) -> Result<ObservedNode> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_yaml::from_str(&text)
+        .with_context(|| format!("{} is not an observed node state", path.display()))
+}
+
+/// Print `value` as JSON or YAML, or as text through `text`.
+fn emit<T: Serialize + ?Sized>(output: Output, value: &T, text: impl Fn(&T) -> String) -> Result<()> {
+    let rendered = match output {
+        Output::Text => text(value),
+        Output::Json => serde_json::to_string_pretty(value)? + "\n",
+        Output::Yaml => serde_yaml::to_string(value)?,
+    };
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(rendered.as_bytes())?;
+    stdout.flush()?;
+    Ok(())
+}
+
+/// `gpu-share plan ... | head` is not an error.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<std::io::Error>()
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+}

@@ -1,0 +1,174 @@
+//! Text output for people. Scripts use `--output json`.
+
+use std::fmt::Write;
+
+use super::Checked;
+use crate::mig::{Geometry, GpuModel};
+use crate::plan::{GpuPlan, MigModeChange, NodePlan, PlannedMode};
+
+pub(super) fn validation(results: &[Checked]) -> String {
+    let mut out = String::new();
+    for r in results {
+        if r.problems.is_empty() {
+            let _ = writeln!(out, "ok: profile {:?} ({})", r.profile, r.file);
+        }
+        for p in &r.problems {
+            let _ = writeln!(out, "{p} ({})", r.file);
+        }
+    }
+    let bad = results.iter().filter(|r| !r.valid).count();
+    let _ = writeln!(
+        out,
+        "{} profile{} checked: {} valid, {bad} with errors",
+        results.len(),
+        if results.len() == 1 { "" } else { "s" },
+        results.len() - bad
+    );
+    out
+}
+
+pub(super) fn plan(plan: &NodePlan, simulated: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Plan for profile {:?} on {} GPU{}{}",
+        plan.profile,
+        plan.gpus.len(),
+        if plan.gpus.len() == 1 { "" } else { "s" },
+        if simulated {
+            " (simulated, no instances yet)"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        out,
+        "MIG strategy: {}{}",
+        plan.mig_strategy,
+        if plan.mig_strategy_derived {
+            " (derived from the rules)"
+        } else {
+            ""
+        }
+    );
+    for gpu in &plan.gpus {
+        out.push('\n');
+        gpu_section(&mut out, gpu);
+    }
+    let _ = writeln!(out, "\nResources the node will advertise:");
+    let width = plan.resources.keys().map(String::len).max().unwrap_or(0);
+    for (name, count) in &plan.resources {
+        let _ = writeln!(out, "  {name:<width$}  {count}");
+    }
+    for w in &plan.warnings {
+        let _ = writeln!(out, "\n{w}");
+    }
+    out
+}
+
+fn gpu_section(out: &mut String, gpu: &GpuPlan) {
+    let rule = gpu.rule.as_ref().map_or("no rule".to_string(), |r| {
+        let name = r.name.as_ref().map(|n| format!(" {n:?}")).unwrap_or_default();
+        format!("rule {}{name}", r.number)
+    });
+    let _ = writeln!(
+        out,
+        "GPU {}  {}  ({rule}: {})",
+        gpu.index,
+        gpu.product,
+        mode_summary(&gpu.mode)
+    );
+    match gpu.mig_mode {
+        Some(MigModeChange::Enable) => out.push_str("  enable MIG mode\n"),
+        Some(MigModeChange::Disable) => {}
+        None => {}
+    }
+    if let Some(g) = &gpu.geometry {
+        geometry_lines(out, g);
+    }
+    if gpu.mig_mode == Some(MigModeChange::Disable) {
+        out.push_str("  disable MIG mode\n");
+    }
+    if gpu.changes_no_mig() {
+        out.push_str("  no MIG change\n");
+    }
+}
+
+fn geometry_lines(out: &mut String, g: &Geometry) {
+    let gi = |id: Option<u32>| id.map(|i| format!(" (GI {i})")).unwrap_or_default();
+    for e in &g.destroy {
+        let _ = writeln!(out, "  destroy {:<10} at {}{}", e.profile, e.placement, gi(e.gi_id));
+    }
+    for e in &g.keep {
+        let _ = writeln!(out, "  keep    {:<10} at {}{}", e.profile, e.placement, gi(e.gi_id));
+    }
+    for c in &g.create {
+        let _ = writeln!(out, "  create  {:<10} at {}", c.profile, c.placement);
+    }
+}
+
+fn mode_summary(mode: &PlannedMode) -> String {
+    match mode {
+        PlannedMode::Exclusive => "exclusive".into(),
+        PlannedMode::TimeSlicing { replicas } => format!("time-sliced × {replicas}"),
+        PlannedMode::Mps {
+            replicas,
+            active_thread_percentage,
+            pinned_memory_limit_mib,
+        } => {
+            let mut s = format!("MPS × {replicas}");
+            if let Some(p) = active_thread_percentage {
+                let _ = write!(s, ", {p}% threads");
+            }
+            if let Some(m) = pinned_memory_limit_mib {
+                let _ = write!(s, ", {m} MiB pinned per client");
+            }
+            s
+        }
+        PlannedMode::Mig {
+            instances,
+            replicas,
+        } => {
+            let list: Vec<String> = instances.iter().map(|(p, n)| format!("{n} × {p}")).collect();
+            let shared = if *replicas > 1 {
+                format!(", each time-sliced × {replicas}")
+            } else {
+                String::new()
+            };
+            format!("MIG {}{shared}", list.join(" + "))
+        }
+    }
+}
+
+pub(super) fn catalog(models: &Vec<GpuModel>) -> String {
+    let mut out = String::new();
+    for m in models {
+        let _ = writeln!(
+            out,
+            "{}  {}  ({} memory slots, {} compute slices, {} MiB, MIG from driver {}){}",
+            m.key,
+            m.nvml_name,
+            m.memory_slots,
+            m.compute_slices,
+            m.total_memory_mib,
+            m.min_driver.as_deref().unwrap_or("?"),
+            if m.verified { "" } else { "  [placements inferred]" }
+        );
+        for p in &m.gpu_instance_profiles {
+            let starts: Vec<String> = p.placements.iter().map(|pl| pl.start.to_string()).collect();
+            let mem = p.memory_mib.map_or("?".into(), |m| m.to_string());
+            let _ = writeln!(
+                out,
+                "    {:<16} id {:>2}  max {}  {:>6} MiB  starts {{{}}}:{}",
+                p.name,
+                p.profile_id,
+                p.instance_count,
+                mem,
+                starts.join(","),
+                p.slots()
+            );
+        }
+        let _ = writeln!(out, "    source: {}", m.source);
+    }
+    out
+}

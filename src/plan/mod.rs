@@ -1,0 +1,302 @@
+//! Planning: from an observed node and a profile to what must change, per GPU, and what the
+//! node will advertise afterwards. Pure: nothing here touches a GPU or the API server.
+
+mod observed;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+pub use observed::{MigMode, ObservedGpu, ObservedNode};
+
+use crate::mig::{self, catalog, Geometry};
+use crate::mps::{parse_pinned_memory_limit, PinnedMemoryLimit};
+use crate::profile::{
+    mig_counts, mig_strategy, validate, MigStrategy, Mode, Problem, Profile, Rule, RuleRef,
+};
+use crate::timeslice;
+
+/// What a node needs to match a profile.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePlan {
+    pub profile: String,
+    pub mig_strategy: MigStrategy,
+    /// Whether `mig_strategy` came from the profile or was derived.
+    pub mig_strategy_derived: bool,
+    pub gpus: Vec<GpuPlan>,
+    /// Extended resources the node advertises once applied, name → count.
+    pub resources: BTreeMap<String, u64>,
+    pub warnings: Vec<Problem>,
+}
+
+impl NodePlan {
+    /// True when no GPU needs a MIG change (replica or plugin changes may remain).
+    pub fn changes_no_mig(&self) -> bool {
+        self.gpus.iter().all(GpuPlan::changes_no_mig)
+    }
+}
+
+/// What one GPU needs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuPlan {
+    pub index: u32,
+    pub product: String,
+    /// The rule that selected this GPU; none means it stays exclusive.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<RuleRef>,
+    pub mode: PlannedMode,
+    /// A MIG mode change, when needed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig_mode: Option<MigModeChange>,
+    /// GPU instances to keep, destroy and create.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub geometry: Option<Geometry>,
+    pub resources: BTreeMap<String, u64>,
+}
+
+impl GpuPlan {
+    pub fn changes_no_mig(&self) -> bool {
+        self.mig_mode.is_none() && self.geometry.as_ref().is_none_or(Geometry::is_unchanged)
+    }
+}
+
+/// Turn MIG mode on or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MigModeChange {
+    Enable,
+    Disable,
+}
+
+/// The mode a GPU ends up in, with the numbers the executors need.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum PlannedMode {
+    Exclusive,
+    TimeSlicing {
+        replicas: u64,
+    },
+    #[serde(rename_all = "camelCase")]
+    Mps {
+        replicas: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        active_thread_percentage: Option<u32>,
+        /// Pinned device memory per client, with `auto` worked out from the GPU's memory.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pinned_memory_limit_mib: Option<u64>,
+    },
+    Mig {
+        instances: BTreeMap<String, u32>,
+        /// Time-slicing replicas of each MIG device (1: not shared).
+        replicas: u64,
+    },
+}
+
+/// Plan `profile` (named `name`) for `node`. Any error in the profile, or a rule the node's
+/// GPUs cannot satisfy, comes back as problems, and nothing is planned.
+pub fn plan(name: &str, profile: &Profile, node: &ObservedNode) -> Result<NodePlan, Vec<Problem>> {
+    let mut problems = validate(name, profile);
+    if problems.iter().any(Problem::is_error) {
+        return Err(problems);
+    }
+    // Warnings about models this node doesn't have are noise here.
+    problems.retain(|p| {
+        p.gpu
+            .as_ref()
+            .is_none_or(|model| node.gpus.iter().any(|g| &g.product == model))
+    });
+    let strategy = mig_strategy(profile);
+    let mut gpus = Vec::new();
+    let mut unselected = Vec::new();
+    for gpu in &node.gpus {
+        let matching: Vec<(usize, &Rule)> = profile
+            .rules
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.devices.selects(gpu.index, &gpu.product))
+            .collect();
+        let planned = match matching.as_slice() {
+            [] => {
+                unselected.push(gpu.index.to_string());
+                plan_gpu(gpu, None, Mode::Exclusive, strategy, profile)
+                    .map_err(|m| Problem::error(name, m).on_gpu(gpu.describe()))
+            }
+            [(i, rule)] => {
+                let mode = rule.mode().expect("validate() checked every rule's mode");
+                plan_gpu(gpu, Some((*i, rule)), mode, strategy, profile)
+                    .map_err(|m| Problem::error(name, m).in_rule(*i, rule).on_gpu(gpu.describe()))
+            }
+            [(i, _), (j, second), ..] => Err(Problem::error(
+                name,
+                format!(
+                    "GPU {} is selected by rule {} and rule {}; a GPU takes exactly one rule",
+                    gpu.describe(),
+                    i + 1,
+                    j + 1
+                ),
+            )
+            .in_rule(*j, second)
+            .on_gpu(gpu.describe())),
+        };
+        match planned {
+            Ok(gpu_plan) => gpus.push(gpu_plan),
+            Err(problem) => problems.push(problem),
+        }
+    }
+    if problems.iter().any(Problem::is_error) {
+        return Err(problems);
+    }
+    if !unselected.is_empty() {
+        problems.push(Problem::warning(
+            name,
+            format!(
+                "no rule selects GPU {}: it stays exclusive (one whole nvidia.com/gpu, MIG off)",
+                unselected.join(", ")
+            ),
+        ));
+    }
+    let mut resources = BTreeMap::new();
+    for g in &gpus {
+        for (r, n) in &g.resources {
+            *resources.entry(r.clone()).or_insert(0) += n;
+        }
+    }
+    Ok(NodePlan {
+        profile: name.to_string(),
+        mig_strategy: strategy,
+        mig_strategy_derived: profile.plugin.mig_strategy.is_none(),
+        gpus,
+        resources,
+        warnings: problems,
+    })
+}
+
+/// One GPU's plan, or a sentence saying why the rule can't apply to it.
+fn plan_gpu(
+    gpu: &ObservedGpu,
+    rule: Option<(usize, &Rule)>,
+    mode: Mode<'_>,
+    strategy: MigStrategy,
+    profile: &Profile,
+) -> Result<GpuPlan, String> {
+    let rename = profile.plugin.rename_by_default;
+    let mut plan = GpuPlan {
+        index: gpu.index,
+        product: gpu.product.clone(),
+        rule: rule.map(|(i, r)| RuleRef::new(i, r)),
+        mode: PlannedMode::Exclusive,
+        mig_mode: None,
+        geometry: None,
+        resources: BTreeMap::new(),
+    };
+    if let Mode::Mig {
+        instances,
+        time_slicing,
+    } = mode
+    {
+        let wanted = mig_counts(instances);
+        let replicas = timeslice::replicas(time_slicing);
+        let geometry = plan_mig(gpu, &wanted)?;
+        for instance in geometry.target() {
+            let resource = match strategy {
+                MigStrategy::Single => "nvidia.com/gpu".to_string(),
+                _ => catalog()
+                    .model_by_product(&gpu.product)
+                    .and_then(|m| m.profile(&instance.profile))
+                    .map(|p| p.resource_name())
+                    .expect("plan_mig checked the profile"),
+            };
+            *plan
+                .resources
+                .entry(shared_name(&resource, rename, replicas))
+                .or_insert(0) += replicas;
+        }
+        plan.mig_mode = gpu
+            .mig
+            .filter(|m| !(m.current && m.pending))
+            .map(|_| MigModeChange::Enable);
+        plan.geometry = Some(geometry);
+        plan.mode = PlannedMode::Mig {
+            instances: wanted,
+            replicas,
+        };
+        return Ok(plan);
+    }
+    // Every other mode wants the whole GPU: MIG off, its instances gone.
+    if let Some(m) = gpu.mig.filter(|m| m.current || m.pending) {
+        plan.mig_mode = Some(MigModeChange::Disable);
+        if m.current && !gpu.instances.is_empty() {
+            plan.geometry = Some(Geometry {
+                destroy: gpu.instances.clone(),
+                ..Geometry::default()
+            });
+        }
+    }
+    let replicas = match mode {
+        Mode::TimeSlicing(ts) => {
+            plan.mode = PlannedMode::TimeSlicing {
+                replicas: timeslice::replicas(Some(ts)),
+            };
+            timeslice::replicas(Some(ts))
+        }
+        Mode::Mps(mps) => {
+            let replicas = mps.replicas as u64;
+            let limit = mps
+                .pinned_memory_limit
+                .as_deref()
+                .map(parse_pinned_memory_limit)
+                .transpose()?;
+            let pinned = match (limit, gpu.memory_mib) {
+                (Some(PinnedMemoryLimit::Auto), None) => {
+                    return Err(
+                        "mps.pinnedMemoryLimit is auto, but this GPU's memory size is unknown"
+                            .into(),
+                    )
+                }
+                (Some(l), mem) => Some(l.per_client_mib(mem.unwrap_or(0), replicas)),
+                (None, _) => None,
+            };
+            plan.mode = PlannedMode::Mps {
+                replicas,
+                active_thread_percentage: mps.active_thread_percentage.map(|p| p as u32),
+                pinned_memory_limit_mib: pinned,
+            };
+            replicas
+        }
+        _ => 1,
+    };
+    plan.resources
+        .insert(shared_name("nvidia.com/gpu", rename, replicas), replicas);
+    Ok(plan)
+}
+
+/// The MIG geometry for one GPU, keeping what can stay.
+fn plan_mig(gpu: &ObservedGpu, wanted: &BTreeMap<String, u32>) -> Result<Geometry, String> {
+    if gpu.mig.is_none() {
+        return Err("this GPU cannot run MIG, but the rule asks for MIG instances".into());
+    }
+    let model = catalog().model_by_product(&gpu.product).ok_or_else(|| {
+        format!(
+            "the MIG catalog has no entry for {:?}, so its placements are unknown (`gpu-share catalog` lists the models)",
+            gpu.product
+        )
+    })?;
+    let existing = if gpu.mig.is_some_and(|m| m.current) {
+        gpu.instances.as_slice()
+    } else {
+        &[]
+    };
+    mig::solve(model, wanted, existing).map_err(|e| e.to_string())
+}
+
+/// Shared devices get the `.shared` suffix when the profile asks for `renameByDefault`, as the
+/// device plugin does.
+fn shared_name(resource: &str, rename_by_default: bool, replicas: u64) -> String {
+    if rename_by_default && replicas > 1 {
+        format!("{resource}.shared")
+    } else {
+        resource.to_string()
+    }
+}
