@@ -8,9 +8,9 @@
 //! Planning is pure and testable: it takes an observed node and a profile and returns what to
 //! change. Only executors touch hardware or the Kubernetes API.
 
+pub mod cli;
 pub mod mig;
 pub mod mps;
+pub mod plan;
 pub mod profile;
 pub mod timeslice;
-pub mod plan;
-pub mod cli;

@@ -133,7 +133,11 @@ fn run_validate(args: &ValidateArgs) -> Result<ExitCode> {
     }
     emit(args.out.output, &results, |r| render::validation(r))?;
     let ok = results.iter().all(|r| r.valid);
-    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn run_plan(args: &PlanArgs) -> Result<ExitCode> {
@@ -207,7 +211,11 @@ fn read_observed(path: &Path) -> Result<ObservedNode> {
 }
 
 /// Print `value` as JSON or YAML, or as text through `text`.
-fn emit<T: Serialize + ?Sized>(output: Output, value: &T, text: impl Fn(&T) -> String) -> Result<()> {
+fn emit<T: Serialize + ?Sized>(
+    output: Output,
+    value: &T,
+    text: impl Fn(&T) -> String,
+) -> Result<()> {
     let rendered = match output {
         Output::Text => text(value),
         Output::Json => serde_json::to_string_pretty(value)? + "\n",

@@ -68,7 +68,11 @@ pub(super) fn plan(plan: &NodePlan, simulated: bool) -> String {
 
 fn gpu_section(out: &mut String, gpu: &GpuPlan) {
     let rule = gpu.rule.as_ref().map_or("no rule".to_string(), |r| {
-        let name = r.name.as_ref().map(|n| format!(" {n:?}")).unwrap_or_default();
+        let name = r
+            .name
+            .as_ref()
+            .map(|n| format!(" {n:?}"))
+            .unwrap_or_default();
         format!("rule {}{name}", r.number)
     });
     let _ = writeln!(
@@ -97,10 +101,22 @@ fn gpu_section(out: &mut String, gpu: &GpuPlan) {
 fn geometry_lines(out: &mut String, g: &Geometry) {
     let gi = |id: Option<u32>| id.map(|i| format!(" (GI {i})")).unwrap_or_default();
     for e in &g.destroy {
-        let _ = writeln!(out, "  destroy {:<10} at {}{}", e.profile, e.placement, gi(e.gi_id));
+        let _ = writeln!(
+            out,
+            "  destroy {:<10} at {}{}",
+            e.profile,
+            e.placement,
+            gi(e.gi_id)
+        );
     }
     for e in &g.keep {
-        let _ = writeln!(out, "  keep    {:<10} at {}{}", e.profile, e.placement, gi(e.gi_id));
+        let _ = writeln!(
+            out,
+            "  keep    {:<10} at {}{}",
+            e.profile,
+            e.placement,
+            gi(e.gi_id)
+        );
     }
     for c in &g.create {
         let _ = writeln!(out, "  create  {:<10} at {}", c.profile, c.placement);
@@ -129,7 +145,10 @@ fn mode_summary(mode: &PlannedMode) -> String {
             instances,
             replicas,
         } => {
-            let list: Vec<String> = instances.iter().map(|(p, n)| format!("{n} × {p}")).collect();
+            let list: Vec<String> = instances
+                .iter()
+                .map(|(p, n)| format!("{n} × {p}"))
+                .collect();
             let shared = if *replicas > 1 {
                 format!(", each time-sliced × {replicas}")
             } else {
@@ -152,7 +171,11 @@ pub(super) fn catalog(models: &Vec<GpuModel>) -> String {
             m.compute_slices,
             m.total_memory_mib,
             m.min_driver.as_deref().unwrap_or("?"),
-            if m.verified { "" } else { "  [placements inferred]" }
+            if m.verified {
+                ""
+            } else {
+                "  [placements inferred]"
+            }
         );
         for p in &m.gpu_instance_profiles {
             let starts: Vec<String> = p.placements.iter().map(|pl| pl.start.to_string()).collect();

@@ -184,20 +184,16 @@ impl GpuModel {
     /// Whether `name` (a product name or a CLI alias) designates this model, ignoring case and
     /// the `NVIDIA ` prefix that R470+ drivers add.
     pub fn answers_to(&self, name: &str) -> bool {
-        let wanted = normalise_name(name);
         std::iter::once(&self.key)
             .chain(std::iter::once(&self.nvml_name))
             .chain(&self.aliases)
             .chain(&self.also_named)
-            .any(|n| normalise_name(n) == wanted)
+            .any(|n| same_name(n, name))
     }
 
     /// Whether a product name NVML reports is this model (`answers_to` minus the CLI aliases).
     pub fn has_product_name(&self, product: &str) -> bool {
-        let wanted = normalise_name(product);
-        std::iter::once(&self.nvml_name)
-            .chain(&self.also_named)
-            .any(|n| normalise_name(n) == wanted)
+        self.product_names().any(|n| same_name(n, product))
     }
 
     /// Every product name of this model, the main one first.
@@ -206,12 +202,17 @@ impl GpuModel {
     }
 }
 
-fn normalise_name(name: &str) -> String {
-    let lower = name.trim().to_ascii_lowercase();
-    lower
-        .strip_prefix("nvidia ")
-        .map(str::to_string)
-        .unwrap_or(lower)
+/// Names compare without case and without the `NVIDIA ` prefix (allocation-free: the planner
+/// looks models up for every GPU of every node).
+fn same_name(a: &str, b: &str) -> bool {
+    fn strip(n: &str) -> &str {
+        let n = n.trim();
+        match n.get(..7) {
+            Some(p) if p.eq_ignore_ascii_case("nvidia ") => &n[7..],
+            _ => n,
+        }
+    }
+    strip(a).eq_ignore_ascii_case(strip(b))
 }
 
 /// Every MIG-capable model we know and the compute-instance profile sets they share.
@@ -342,7 +343,10 @@ mod tests {
         assert_eq!(c.model("h100").unwrap().key, "h100-80gb-sxm");
         assert_eq!(c.model("H100 80GB HBM3").unwrap().key, "h100-80gb-sxm");
         assert_eq!(c.model("A100-SXM4-40GB").unwrap().key, "a100-sxm4-40gb");
-        assert!(c.model_by_product("h100").is_none(), "aliases are not product names");
+        assert!(
+            c.model_by_product("h100").is_none(),
+            "aliases are not product names"
+        );
     }
 
     #[test]

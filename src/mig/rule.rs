@@ -149,19 +149,40 @@ mod tests {
 
     #[test]
     fn profile_names() {
-        for ok in ["1g.10gb", "7g.141gb", "1g.10gb+me", "1g.24gb+me.all", "1g.24gb-me", "2g.48gb+gfx"] {
+        for ok in [
+            "1g.10gb",
+            "7g.141gb",
+            "1g.10gb+me",
+            "1g.24gb+me.all",
+            "1g.24gb-me",
+            "2g.48gb+gfx",
+        ] {
             assert!(is_profile_name(ok), "{ok}");
         }
-        for bad in ["1g", "10gb", "1g.10", "g.10gb", "1g.10gb+foo", "mig-1g.10gb"] {
+        for bad in [
+            "1g",
+            "10gb",
+            "1g.10",
+            "g.10gb",
+            "1g.10gb+foo",
+            "mig-1g.10gb",
+        ] {
             assert!(!is_profile_name(bad), "{bad}");
         }
     }
 
     #[test]
     fn a_profile_on_no_model_names_where_each_exists() {
-        let p = validate(&DeviceSelector::All, &want(&[("1g.10gb", 1), ("1g.18gb", 1)]));
+        let p = validate(
+            &DeviceSelector::All,
+            &want(&[("1g.10gb", 1), ("1g.18gb", 1)]),
+        );
         assert_eq!(p.len(), 1);
-        assert!(p[0].message.contains("1g.18gb exists on NVIDIA H200"), "{}", p[0].message);
+        assert!(
+            p[0].message.contains("1g.18gb exists on NVIDIA H200"),
+            "{}",
+            p[0].message
+        );
     }
 
     #[test]
@@ -180,6 +201,10 @@ mod tests {
         assert!(validate(&sel, &want(&[("1g.10gb", 7)])).is_empty());
         let p = validate(&sel, &want(&[("1g.18gb", 1)]));
         assert_eq!(p[0].model.as_deref(), Some("NVIDIA H100 80GB HBM3"));
-        assert!(p[0].message.contains("no MIG profile \"1g.18gb\""), "{}", p[0].message);
+        assert!(
+            p[0].message.contains("no MIG profile \"1g.18gb\""),
+            "{}",
+            p[0].message
+        );
     }
 }

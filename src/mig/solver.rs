@@ -192,7 +192,11 @@ fn check_limits(model: &GpuModel, wanted: &BTreeMap<String, u32>) -> Result<(), 
             .profile(name)
             .ok_or_else(|| GeometryError::UnknownProfile {
                 profile: name.clone(),
-                available: model.profile_names().iter().map(|s| s.to_string()).collect(),
+                available: model
+                    .profile_names()
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
             })?;
         if count > p.instance_count {
             return Err(GeometryError::TooManyOfProfile {

@@ -97,9 +97,18 @@ mod tests {
 
     #[test]
     fn limits_parse() {
-        assert_eq!(parse_pinned_memory_limit("auto"), Ok(PinnedMemoryLimit::Auto));
-        assert_eq!(parse_pinned_memory_limit("8Gi"), Ok(PinnedMemoryLimit::Mib(8192)));
-        assert_eq!(parse_pinned_memory_limit("512M"), Ok(PinnedMemoryLimit::Mib(512)));
+        assert_eq!(
+            parse_pinned_memory_limit("auto"),
+            Ok(PinnedMemoryLimit::Auto)
+        );
+        assert_eq!(
+            parse_pinned_memory_limit("8Gi"),
+            Ok(PinnedMemoryLimit::Mib(8192))
+        );
+        assert_eq!(
+            parse_pinned_memory_limit("512M"),
+            Ok(PinnedMemoryLimit::Mib(512))
+        );
         assert!(parse_pinned_memory_limit("8GB").is_err());
         assert!(parse_pinned_memory_limit("0Gi").is_err());
         assert_eq!(PinnedMemoryLimit::Auto.per_client_mib(81559, 4), 20389);

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 pub use observed::{MigMode, ObservedGpu, ObservedNode};
 
-use crate::mig::{self, catalog, Geometry};
+use crate::mig::{self, catalog, Geometry, GpuModel};
 use crate::mps::{parse_pinned_memory_limit, PinnedMemoryLimit};
 use crate::profile::{
     mig_counts, mig_strategy, validate, MigStrategy, Mode, Problem, Profile, Rule, RuleRef,
@@ -72,7 +72,7 @@ pub enum MigModeChange {
 
 /// The mode a GPU ends up in, with the numbers the executors need.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(tag = "type", rename_all = "camelCase")]
 pub enum PlannedMode {
     Exclusive,
     TimeSlicing {
@@ -101,12 +101,9 @@ pub fn plan(name: &str, profile: &Profile, node: &ObservedNode) -> Result<NodePl
     if problems.iter().any(Problem::is_error) {
         return Err(problems);
     }
-    // Warnings about models this node doesn't have are noise here.
-    problems.retain(|p| {
-        p.gpu
-            .as_ref()
-            .is_none_or(|model| node.gpus.iter().any(|g| &g.product == model))
-    });
+    // Validation warns about models a rule may not fit; on a concrete node each GPU is checked
+    // below, so those warnings would only repeat (or be about models this node lacks).
+    problems.retain(|p| p.gpu.is_none());
     let strategy = mig_strategy(profile);
     let mut gpus = Vec::new();
     let mut unselected = Vec::new();
@@ -125,8 +122,11 @@ pub fn plan(name: &str, profile: &Profile, node: &ObservedNode) -> Result<NodePl
             }
             [(i, rule)] => {
                 let mode = rule.mode().expect("validate() checked every rule's mode");
-                plan_gpu(gpu, Some((*i, rule)), mode, strategy, profile)
-                    .map_err(|m| Problem::error(name, m).in_rule(*i, rule).on_gpu(gpu.describe()))
+                plan_gpu(gpu, Some((*i, rule)), mode, strategy, profile).map_err(|m| {
+                    Problem::error(name, m)
+                        .in_rule(*i, rule)
+                        .on_gpu(gpu.describe())
+                })
             }
             [(i, _), (j, second), ..] => Err(Problem::error(
                 name,
@@ -198,15 +198,14 @@ fn plan_gpu(
     {
         let wanted = mig_counts(instances);
         let replicas = timeslice::replicas(time_slicing);
-        let geometry = plan_mig(gpu, &wanted)?;
+        let (model, geometry) = plan_mig(gpu, &wanted)?;
         for instance in geometry.target() {
             let resource = match strategy {
                 MigStrategy::Single => "nvidia.com/gpu".to_string(),
-                _ => catalog()
-                    .model_by_product(&gpu.product)
-                    .and_then(|m| m.profile(&instance.profile))
+                _ => model
+                    .profile(&instance.profile)
                     .map(|p| p.resource_name())
-                    .expect("plan_mig checked the profile"),
+                    .expect("the solver only places the model's profiles"),
             };
             *plan
                 .resources
@@ -272,8 +271,11 @@ fn plan_gpu(
     Ok(plan)
 }
 
-/// The MIG geometry for one GPU, keeping what can stay.
-fn plan_mig(gpu: &ObservedGpu, wanted: &BTreeMap<String, u32>) -> Result<Geometry, String> {
+/// The GPU's catalog model and its MIG geometry, keeping what can stay.
+fn plan_mig(
+    gpu: &ObservedGpu,
+    wanted: &BTreeMap<String, u32>,
+) -> Result<(&'static GpuModel, Geometry), String> {
     if gpu.mig.is_none() {
         return Err("this GPU cannot run MIG, but the rule asks for MIG instances".into());
     }
@@ -288,7 +290,8 @@ fn plan_mig(gpu: &ObservedGpu, wanted: &BTreeMap<String, u32>) -> Result<Geometr
     } else {
         &[]
     };
-    mig::solve(model, wanted, existing).map_err(|e| e.to_string())
+    let geometry = mig::solve(model, wanted, existing).map_err(|e| e.to_string())?;
+    Ok((model, geometry))
 }
 
 /// Shared devices get the `.shared` suffix when the profile asks for `renameByDefault`, as the

@@ -98,7 +98,10 @@ mod tests {
     fn gpu_specs() {
         assert_eq!(split_count("h100x4"), ("h100", 4));
         assert_eq!(split_count("rtx4090"), ("rtx4090", 1));
-        assert_eq!(split_count("NVIDIA GeForce RTX 3090x2"), ("NVIDIA GeForce RTX 3090", 2));
+        assert_eq!(
+            split_count("NVIDIA GeForce RTX 3090x2"),
+            ("NVIDIA GeForce RTX 3090", 2)
+        );
         let node = ObservedNode::simulated(&["h100x2".into(), "NVIDIA GeForce RTX 3090".into()]);
         assert_eq!(node.gpus.len(), 3);
         assert_eq!(node.gpus[1].product, "NVIDIA H100 80GB HBM3");

@@ -193,7 +193,8 @@ mod selector_serde {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
     use std::fmt;
 
-    const EXPECTED: &str = "`all`, a list of GPU indices such as [0, 1, \"4-7\"], or {product: \"NVIDIA H100*\"}";
+    const EXPECTED: &str =
+        "`all`, a list of GPU indices such as [0, 1, \"4-7\"], or {product: \"NVIDIA H100*\"}";
 
     impl<'de> Deserialize<'de> for DeviceSelector {
         fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -223,7 +224,9 @@ mod selector_serde {
             while let Some(item) = seq.next_element::<IndexItem>()? {
                 match item {
                     IndexItem::One(i) => indices.push(index_from(i)?),
-                    IndexItem::Range(r) => indices.extend(parse_range(&r).map_err(de::Error::custom)?),
+                    IndexItem::Range(r) => {
+                        indices.extend(parse_range(&r).map_err(de::Error::custom)?)
+                    }
                 }
             }
             Ok(DeviceSelector::Indices(indices))

@@ -75,7 +75,10 @@ impl Rule {
             }
         }
         if self.exclusive == Some(false) {
-            return Err("`exclusive: false` means nothing: write `exclusive: true` or give another mode".into());
+            return Err(
+                "`exclusive: false` means nothing: write `exclusive: true` or give another mode"
+                    .into(),
+            );
         }
         Ok(if let Some(instances) = &self.mig {
             Mode::Mig {

@@ -69,7 +69,10 @@ fn profiles_in_config_map(stem: &str, value: serde_yaml::Value) -> Vec<NamedProf
         Err(e) => {
             return vec![NamedProfile {
                 name: stem.to_string(),
-                profile: Err(Problem::error(stem, format!("cannot read the ConfigMap: {e}"))),
+                profile: Err(Problem::error(
+                    stem,
+                    format!("cannot read the ConfigMap: {e}"),
+                )),
             }]
         }
     };
@@ -134,7 +137,12 @@ data:
         let bad = got.iter().find(|p| p.name == "bad").unwrap();
         let err = bad.profile.as_ref().unwrap_err();
         assert!(err.message.contains("unknown field `replica`"), "{err}");
-        assert!(got.iter().find(|p| p.name == "small").unwrap().profile.is_ok());
+        assert!(got
+            .iter()
+            .find(|p| p.name == "small")
+            .unwrap()
+            .profile
+            .is_ok());
     }
 
     #[test]

@@ -42,8 +42,9 @@ pub struct Problem {
     pub severity: Severity,
     /// The profile's name: its ConfigMap key, or the file's stem.
     pub profile: String,
+    /// Boxed to keep `Result<_, Problem>` small.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub rule: Option<RuleRef>,
+    pub rule: Option<Box<RuleRef>>,
     /// The GPU (model, or index and model) the problem shows on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<String>,
@@ -69,7 +70,7 @@ impl Problem {
     }
 
     pub fn in_rule(mut self, index: usize, rule: &Rule) -> Self {
-        self.rule = Some(RuleRef::new(index, rule));
+        self.rule = Some(Box::new(RuleRef::new(index, rule)));
         self
     }
 

@@ -80,7 +80,9 @@ fn validate_rule(name: &str, index: usize, rule: &Rule) -> Vec<Problem> {
 
 fn mig_counts_problems(instances: &std::collections::BTreeMap<String, i64>) -> Vec<String> {
     if instances.is_empty() {
-        return vec!["mig lists no instances: give profile: count pairs such as {1g.10gb: 7}".into()];
+        return vec![
+            "mig lists no instances: give profile: count pairs such as {1g.10gb: 7}".into(),
+        ];
     }
     instances
         .iter()
@@ -120,7 +122,10 @@ fn overlapping_selectors(name: &str, rules: &[Rule]) -> Vec<Problem> {
                 problems.push(
                     Problem::error(
                         name,
-                        format!("its devices overlap rule {}'s: {why}; a GPU takes exactly one rule", i + 1),
+                        format!(
+                            "its devices overlap rule {}'s: {why}; a GPU takes exactly one rule",
+                            i + 1
+                        ),
                     )
                     .in_rule(j, later),
                 );
@@ -150,7 +155,10 @@ fn overlap(a: &DeviceSelector, b: &DeviceSelector) -> Option<String> {
 }
 
 fn join(set: &BTreeSet<u32>) -> String {
-    set.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+    set.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The MIG strategy the device plugin will run with: the profile's, or derived — `single` when
@@ -212,5 +220,8 @@ fn check_mig_strategy(name: &str, profile: &Profile) -> Vec<Problem> {
         }
         _ => None,
     };
-    message.map(|m| Problem::error(name, m)).into_iter().collect()
+    message
+        .map(|m| Problem::error(name, m))
+        .into_iter()
+        .collect()
 }

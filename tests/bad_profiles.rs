@@ -1,0 +1,383 @@
+//! Invalid profiles are refused with the right reason, naming the profile, the rule and the GPU
+//! model. Each case is one distinct mistake a user can make; the expected sentences are the ones
+//! the CLI prints. Where a rule comes from the NVIDIA device plugin, its own wording is quoted
+//! (shared/reference/nvidia-stack.md §1.2, §1.4).
+
+use gpu_share::plan::{plan, ObservedNode};
+use gpu_share::profile::{read_profiles, validate, Problem, Severity};
+
+/// The problems `gpu-share validate` reports for one profile file's text.
+fn problems(text: &str) -> Vec<Problem> {
+    let mut all = read_profiles("bad", text);
+    assert_eq!(all.len(), 1);
+    match all.remove(0).profile {
+        Ok(profile) => validate("bad", &profile),
+        Err(problem) => vec![problem],
+    }
+}
+
+/// Exactly one error, whose text contains `needle`, on rule `rule` and GPU `gpu` (if given).
+fn assert_one_error(text: &str, rule: Option<usize>, gpu: Option<&str>, needle: &str) {
+    let errors: Vec<Problem> = problems(text)
+        .into_iter()
+        .filter(|p| p.severity == Severity::Error)
+        .collect();
+    assert_eq!(
+        errors.len(),
+        1,
+        "expected one error for:\n{text}\ngot: {errors:#?}"
+    );
+    let e = &errors[0];
+    assert_eq!(e.profile, "bad");
+    assert_eq!(e.rule.as_ref().map(|r| r.number), rule, "{e}");
+    assert_eq!(e.gpu.as_deref(), gpu, "{e}");
+    assert!(
+        e.to_string().contains(needle),
+        "{e}\n  does not contain: {needle}"
+    );
+}
+
+#[test]
+fn malformed_yaml() {
+    assert_one_error(
+        "version: v1\nrules: [{devices: all, timeSlicing: {replicas: 4}\n",
+        None,
+        None,
+        "not valid YAML: did not find expected ',' or '}' at line 3 column 1",
+    );
+}
+
+#[test]
+fn unknown_top_level_field() {
+    assert_one_error(
+        "version: v1\nsharing: {}\nrules: [{devices: all, exclusive: true}]\n",
+        None,
+        None,
+        "unknown field `sharing`, expected one of `version`, `description`, `plugin`, `rules`",
+    );
+}
+
+#[test]
+fn misspelt_field_inside_a_mode() {
+    assert_one_error(
+        "version: v1\nrules:\n  - devices: all\n    timeSlicing: {replica: 4}\n",
+        None,
+        None,
+        "unknown field `replica`, expected `replicas` at line 4",
+    );
+}
+
+#[test]
+fn misplaced_plugin_option() {
+    // The NVIDIA plugin silently drops `renameByDefault` under `flags:` (DP#1433); we refuse.
+    assert_one_error(
+        "version: v1\nplugin: {flags: {renameByDefault: true}}\nrules: [{devices: all, exclusive: true}]\n",
+        None,
+        None,
+        "unknown field `flags`",
+    );
+}
+
+#[test]
+fn zero_replicas() {
+    assert_one_error(
+        "version: v1\nrules: [{devices: all, timeSlicing: {replicas: 0}}]\n",
+        Some(1),
+        None,
+        "timeSlicing.replicas is 0, but the number of replicas must be >= 2",
+    );
+}
+
+#[test]
+fn negative_replicas() {
+    assert_one_error(
+        "version: v1\nrules: [{devices: all, mps: {replicas: -4}}]\n",
+        Some(1),
+        None,
+        "mps.replicas is -4, but the number of replicas must be >= 2",
+    );
+}
+
+#[test]
+fn one_replica_is_not_sharing() {
+    assert_one_error(
+        "version: v1\nrules: [{devices: all, timeSlicing: {replicas: 1}}]\n",
+        Some(1),
+        None,
+        "use `exclusive: true`",
+    );
+}
+
+#[test]
+fn mps_beyond_the_server_client_limit() {
+    assert_one_error(
+        "version: v1\nrules: [{devices: all, mps: {replicas: 64}}]\n",
+        Some(1),
+        None,
+        "an MPS server takes at most 48 clients per GPU",
+    );
+}
+
+#[test]
+fn mps_thread_percentage_out_of_range() {
+    assert_one_error(
+        "version: v1\nrules: [{devices: all, mps: {replicas: 4, activeThreadPercentage: 150}}]\n",
+        Some(1),
+        None,
+        "mps.activeThreadPercentage is 150, but it must be between 1 and 100",
+    );
+}
+
+#[test]
+fn mig_profile_the_model_lacks() {
+    assert_one_error(
+        "version: v1\nrules:\n  - devices: {product: NVIDIA H200}\n    mig: {1g.10gb: 2}\n",
+        Some(1),
+        Some("NVIDIA H200"),
+        "this model has no MIG profile \"1g.10gb\"; it has 1g.18gb, 1g.18gb+me, 1g.35gb, 2g.35gb, 3g.71gb, 4g.71gb, 7g.141gb",
+    );
+}
+
+#[test]
+fn mig_profile_no_model_has() {
+    assert_one_error(
+        "version: v1\nrules: [{devices: all, mig: {1g.11gb: 1}}]\n",
+        Some(1),
+        None,
+        "1g.11gb exists on no known model",
+    );
+}
+
+#[test]
+fn not_a_mig_profile_name() {
+    assert_one_error(
+        "version: v1\nrules: [{devices: all, mig: {mig-1g.10gb: 1}}]\n",
+        Some(1),
+        None,
+        "\"mig-1g.10gb\" is not a MIG profile name",
+    );
+}
+
+#[test]
+fn too_many_instances_of_one_profile() {
+    assert_one_error(
+        "version: v1\nrules:\n  - devices: {product: NVIDIA H100 80GB HBM3}\n    mig: {3g.40gb: 3}\n",
+        Some(1),
+        Some("NVIDIA H100 80GB HBM3"),
+        "3 × 3g.40gb asked, but at most 2 instances of 3g.40gb can exist at once",
+    );
+}
+
+#[test]
+fn too_many_compute_slices() {
+    assert_one_error(
+        "version: v1\nrules:\n  - devices: {product: NVIDIA A100-SXM4-40GB}\n    mig: {4g.20gb: 1, 2g.10gb: 2}\n",
+        Some(1),
+        Some("NVIDIA A100-SXM4-40GB"),
+        "too many compute slices: the instances need 8, the GPU has 7",
+    );
+}
+
+#[test]
+fn too_much_memory() {
+    // 3 × 2 + 4 = 10 memory slices, 6 compute slices: memory runs out first.
+    assert_one_error(
+        "version: v1\nrules:\n  - devices: {product: NVIDIA H100 80GB HBM3}\n    mig: {1g.20gb: 3, 3g.40gb: 1}\n",
+        Some(1),
+        Some("NVIDIA H100 80GB HBM3"),
+        "too much memory: the instances need 10 of the GPU's 8 memory slices (100736 MiB of 81559 MiB)",
+    );
+}
+
+#[test]
+fn too_many_instances_on_the_gpu() {
+    assert_one_error(
+        "version: v1\nrules:\n  - devices: {product: NVIDIA A30}\n    mig: {1g.6gb: 4, 1g.6gb+me: 1}\n",
+        Some(1),
+        Some("NVIDIA A30"),
+        "5 MIG instances asked, but this GPU holds at most 4",
+    );
+}
+
+#[test]
+fn overlapping_index_selectors() {
+    assert_one_error(
+        "version: v1\nrules:\n  - {devices: [\"0-3\"], mig: {1g.10gb: 7}}\n  - {devices: [3, 4], timeSlicing: {replicas: 2}}\n",
+        Some(2),
+        None,
+        "its devices overlap rule 1's: both select GPU 3; a GPU takes exactly one rule",
+    );
+}
+
+#[test]
+fn all_overlaps_everything() {
+    assert_one_error(
+        "version: v1\nrules:\n  - {devices: all, exclusive: true}\n  - {devices: {product: \"NVIDIA H100*\"}, timeSlicing: {replicas: 2}}\n",
+        Some(2),
+        None,
+        "`all` selects every GPU",
+    );
+}
+
+#[test]
+fn overlapping_product_selectors() {
+    assert_one_error(
+        "version: v1\nrules:\n  - {devices: {product: \"NVIDIA H100*\"}, exclusive: true}\n  - {devices: {product: \"*HBM3\"}, timeSlicing: {replicas: 2}}\n",
+        Some(2),
+        None,
+        "both match product \"NVIDIA H100 80GB HBM3\"",
+    );
+}
+
+#[test]
+fn two_modes_in_one_rule() {
+    assert_one_error(
+        "version: v1\nrules: [{devices: all, timeSlicing: {replicas: 2}, mps: {replicas: 2}}]\n",
+        Some(1),
+        None,
+        "the rule sets timeSlicing and mps; a rule gives exactly one mode",
+    );
+}
+
+#[test]
+fn no_mode() {
+    assert_one_error(
+        "version: v1\nrules: [{devices: all}]\n",
+        Some(1),
+        None,
+        "the rule gives no mode",
+    );
+}
+
+#[test]
+fn no_rules() {
+    assert_one_error(
+        "version: v1\nrules: []\n",
+        None,
+        None,
+        "the profile has no rules",
+    );
+}
+
+#[test]
+fn unsupported_version() {
+    assert_one_error(
+        "version: v2\nrules: [{devices: all, exclusive: true}]\n",
+        None,
+        None,
+        "version \"v2\" is not supported: this gpu-share reads version v1",
+    );
+}
+
+#[test]
+fn duplicate_and_empty_device_lists() {
+    assert_one_error(
+        "version: v1\nrules: [{devices: [1, \"0-2\"], exclusive: true}]\n",
+        Some(1),
+        None,
+        "devices lists GPU 1 more than once",
+    );
+    assert_one_error(
+        "version: v1\nrules: [{devices: [], exclusive: true}]\n",
+        Some(1),
+        None,
+        "devices is an empty list",
+    );
+}
+
+#[test]
+fn zero_mig_count() {
+    assert_one_error(
+        "version: v1\nrules: [{devices: all, mig: {1g.10gb: 0}}]\n",
+        Some(1),
+        None,
+        "mig asks for 0 × 1g.10gb: a count must be at least 1",
+    );
+}
+
+#[test]
+fn single_strategy_with_two_profiles() {
+    assert_one_error(
+        "version: v1\nplugin: {migStrategy: single}\nrules: [{devices: all, mig: {1g.10gb: 3, 2g.20gb: 2}}]\n",
+        None,
+        None,
+        "more than one MIG device type present on node",
+    );
+}
+
+#[test]
+fn none_strategy_with_mig() {
+    assert_one_error(
+        "version: v1\nplugin: {migStrategy: none}\nrules: [{devices: all, mig: {1g.10gb: 7}}]\n",
+        None,
+        None,
+        "plugin.migStrategy none advertises MIG-enabled GPUs as whole nvidia.com/gpu",
+    );
+}
+
+#[test]
+fn bad_config_map_key() {
+    let text = "kind: ConfigMap\ndata:\n  Bad Key: |\n    version: v1\n    rules: [{devices: all, exclusive: true}]\n";
+    let all = read_profiles("cm", text);
+    let err = all[0].profile.as_ref().unwrap_err();
+    assert!(
+        err.message.contains("cannot be a node label value"),
+        "{err}"
+    );
+}
+
+/// Problems only a concrete node can show are reported by `plan`, which changes nothing.
+mod on_a_node {
+    use super::*;
+
+    fn plan_errors(text: &str, gpus: &[&str]) -> Vec<String> {
+        let profile = read_profiles("bad", text).remove(0).profile.unwrap();
+        let node = ObservedNode::simulated(&gpus.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        plan("bad", &profile, &node)
+            .expect_err("plan must refuse")
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn mig_on_a_gpu_without_mig() {
+        let errors = plan_errors(
+            "version: v1\nrules: [{devices: all, mig: {1g.10gb: 7}}]\n",
+            &["NVIDIA GeForce RTX 4090"],
+        );
+        assert_eq!(
+            errors,
+            ["error: profile \"bad\", rule 1 (devices all), GPU 0 (NVIDIA GeForce RTX 4090): this GPU cannot run MIG, but the rule asks for MIG instances"]
+        );
+    }
+
+    #[test]
+    fn a_geometry_the_nodes_model_cannot_hold() {
+        // Valid on an H100 (where 1g.10gb is a 1-slot profile), impossible on an A100 40GB.
+        let errors = plan_errors(
+            "version: v1\nrules: [{devices: all, mig: {1g.10gb: 7}}]\n",
+            &["a100-40gb"],
+        );
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0].contains("GPU 0 (NVIDIA A100-SXM4-40GB): 7 × 1g.10gb asked, but at most 4"),
+            "{}",
+            errors[0]
+        );
+    }
+
+    #[test]
+    fn index_and_product_selectors_that_meet_on_one_gpu() {
+        let errors = plan_errors(
+            "version: v1\nrules:\n  - {devices: [0], exclusive: true}\n  - {devices: {product: \"NVIDIA H100*\"}, timeSlicing: {replicas: 2}}\n",
+            &["h100x2"],
+        );
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0].contains("GPU 0 (NVIDIA H100 80GB HBM3) is selected by rule 1 and rule 2"),
+            "{}",
+            errors[0]
+        );
+    }
+}

@@ -1,0 +1,247 @@
+//! The `gpu-share` binary as a user runs it: validate, plan, schema, catalog.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn gpu_share(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run gpu-share")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}
+
+/// Every example profile and the simulated node it is written for.
+const EXAMPLES: &[(&str, &str)] = &[
+    ("profiles/h100-inference.yaml", "h100x8"),
+    ("profiles/h100-balanced.yaml", "h100x8"),
+    ("profiles/a100-40gb-mixed.yaml", "a100-40gbx8"),
+    ("profiles/a100-80gb-single.yaml", "a100-80gbx4"),
+    ("profiles/h200-mig-mps.yaml", "h200x8"),
+    (
+        "profiles/homelab-timeslice.yaml",
+        "NVIDIA GeForce RTX 3090x2",
+    ),
+    ("profiles/exclusive.yaml", "h100x2"),
+];
+
+#[test]
+fn every_example_profile_is_listed_here_and_validates() {
+    let mut on_disk: Vec<String> = std::fs::read_dir("profiles")
+        .unwrap()
+        .map(|e| format!("profiles/{}", e.unwrap().file_name().to_string_lossy()))
+        .collect();
+    on_disk.sort();
+    let mut listed: Vec<String> = EXAMPLES.iter().map(|(p, _)| p.to_string()).collect();
+    listed.sort();
+    assert_eq!(on_disk, listed, "add new example profiles to EXAMPLES");
+    for (file, _) in EXAMPLES {
+        let out = gpu_share(&["validate", file]);
+        assert!(out.status.success(), "{file}: {}", stdout(&out));
+        assert!(stdout(&out).contains("1 profile checked: 1 valid, 0 with errors"));
+    }
+}
+
+#[test]
+fn every_example_profile_plans_on_its_node() {
+    for (file, gpus) in EXAMPLES {
+        let out = gpu_share(&["plan", "--profile", file, "--gpu", gpus, "-o", "json"]);
+        assert!(out.status.success(), "{file}: {}", stdout(&out));
+        let plan = json(&out);
+        assert!(!plan["resources"].as_object().unwrap().is_empty(), "{file}");
+    }
+}
+
+#[test]
+fn quick_start_plan_on_a_simulated_h100() {
+    let out = gpu_share(&[
+        "plan",
+        "--profile",
+        "profiles/h100-inference.yaml",
+        "--gpu",
+        "h100x8",
+    ]);
+    assert!(out.status.success());
+    let text = stdout(&out);
+    assert!(
+        text.contains("GPU 0  NVIDIA H100 80GB HBM3  (rule 1 \"partitioned\": MIG 7 × 1g.10gb)")
+    );
+    assert!(text.contains("  enable MIG mode\n  create  1g.10gb    at 0:1\n"));
+    assert!(
+        text.contains("  nvidia.com/gpu          16\n  nvidia.com/mig-1g.10gb  28\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn replicas_multiply_the_advertised_gpus() {
+    // 4 GPUs × 4 replicas, renamed because the profile sets renameByDefault.
+    let out = gpu_share(&[
+        "plan",
+        "--profile",
+        "profiles/homelab-timeslice.yaml",
+        "--gpu",
+        "NVIDIA GeForce RTX 3090x4",
+        "-o",
+        "json",
+    ]);
+    let plan = json(&out);
+    assert_eq!(
+        plan["resources"],
+        serde_json::json!({"nvidia.com/gpu.shared": 16})
+    );
+    assert_eq!(plan["migStrategy"], "none");
+}
+
+#[test]
+fn single_strategy_advertises_mig_devices_as_gpus() {
+    let out = gpu_share(&[
+        "plan",
+        "--profile",
+        "profiles/a100-80gb-single.yaml",
+        "--gpu",
+        "a100-80gbx2",
+        "-o",
+        "yaml",
+    ]);
+    let plan: serde_json::Value = serde_yaml::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["migStrategy"], "single");
+    assert_eq!(plan["resources"], serde_json::json!({"nvidia.com/gpu": 14}));
+}
+
+#[test]
+fn plan_against_an_observed_state_keeps_instances_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let current = dir.path().join("node.yaml");
+    std::fs::write(
+        &current,
+        "gpus:\n  - index: 0\n    product: NVIDIA H100 80GB HBM3\n    memoryMib: 81559\n    mig: {current: true, pending: true}\n    instances:\n      - {profile: 1g.10gb, placement: [0, 1], gi_id: 7}\n      - {profile: 1g.10gb, placement: [1, 1], gi_id: 8}\n      - {profile: 2g.20gb, placement: [2, 2], gi_id: 4}\n",
+    )
+    .unwrap();
+    let profile = dir.path().join("p.yaml");
+    std::fs::write(
+        &profile,
+        "version: v1\nrules: [{devices: all, mig: {3g.40gb: 1, 1g.10gb: 2}}]\n",
+    )
+    .unwrap();
+    let out = gpu_share(&[
+        "plan",
+        "--profile",
+        path(&profile),
+        "--current",
+        path(&current),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = stdout(&out);
+    assert!(text.contains("  destroy 2g.20gb    at 2:2 (GI 4)\n  keep    1g.10gb    at 0:1 (GI 7)\n  keep    1g.10gb    at 1:1 (GI 8)\n  create  3g.40gb    at 4:4\n"), "{text}");
+    assert!(
+        !text.contains("enable MIG mode"),
+        "MIG is already on: {text}"
+    );
+}
+
+#[test]
+fn validate_reads_config_maps_and_fails_on_any_bad_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cm = dir.path().join("profiles-cm.yaml");
+    std::fs::write(
+        &cm,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: gpu-share-profiles}\ndata:\n  small: |\n    version: v1\n    rules: [{devices: all, timeSlicing: {replicas: 4}}]\n  broken: |\n    version: v1\n    rules: [{devices: all, timeSlicing: {replicas: 0}}]\n",
+    )
+    .unwrap();
+    let out = gpu_share(&["validate", path(&cm)]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert!(text.contains("ok: profile \"small\""), "{text}");
+    assert!(
+        text.contains("error: profile \"broken\", rule 1 (devices all): timeSlicing.replicas is 0"),
+        "{text}"
+    );
+    assert!(text.contains("2 profiles checked: 1 valid, 1 with errors"));
+
+    let out = gpu_share(&["validate", path(&cm), "-o", "json"]);
+    let results = json(&out);
+    assert_eq!(results[0]["profile"], "broken");
+    assert_eq!(results[0]["valid"], false);
+    assert_eq!(results[0]["problems"][0]["rule"]["number"], 1);
+
+    let out = gpu_share(&["plan", "--profile", path(&cm), "--gpu", "h100"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("holds 2 profiles (broken, small): pick one with --key"));
+    let out = gpu_share(&[
+        "plan",
+        "--profile",
+        path(&cm),
+        "--key",
+        "small",
+        "--gpu",
+        "h100",
+    ]);
+    assert!(out.status.success());
+}
+
+#[test]
+fn plan_refuses_an_invalid_profile_with_exit_code_1() {
+    let out = gpu_share(&[
+        "plan",
+        "--profile",
+        "tests/data/impossible.yaml",
+        "--gpu",
+        "a100-40gb",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("too many compute slices: the instances need 8, the GPU has 7"));
+}
+
+#[test]
+fn schema_is_json_schema_that_forbids_unknown_fields() {
+    let out = gpu_share(&["schema"]);
+    let schema = json(&out);
+    assert_eq!(schema["title"], "Profile");
+    assert_eq!(schema["additionalProperties"], false);
+    assert!(schema["properties"]["rules"].is_object());
+    assert_eq!(schema["required"], serde_json::json!(["version", "rules"]));
+}
+
+#[test]
+fn catalog_lists_every_model() {
+    let out = gpu_share(&["catalog", "-o", "json"]);
+    let models = json(&out);
+    let names: Vec<&str> = models
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["nvml_name"].as_str().unwrap())
+        .collect();
+    for wanted in [
+        "NVIDIA A100-SXM4-40GB",
+        "NVIDIA A30",
+        "NVIDIA H100 NVL",
+        "NVIDIA H200",
+        "NVIDIA B200",
+    ] {
+        assert!(names.contains(&wanted), "{wanted} missing from {names:?}");
+    }
+    let text = stdout(&gpu_share(&["catalog"]));
+    assert!(
+        text.contains("    3g.20gb          id  9  max 2   20096 MiB  starts {0,4}:4\n"),
+        "{text}"
+    );
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
