@@ -264,6 +264,9 @@ impl Catalog {
                 variant.total_memory_mib = v.total_memory_mib;
                 variant.source = v.source.clone();
                 variant.verified = v.placements_verified;
+                for p in &mut variant.gpu_instance_profiles {
+                    p.placements_verified &= v.placements_verified;
+                }
                 models.push(variant);
             }
             models.push(entry.model);
