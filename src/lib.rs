@@ -14,3 +14,5 @@ pub mod mps;
 pub mod plan;
 pub mod profile;
 pub mod timeslice;
+pub mod gpu;
+pub mod apply;

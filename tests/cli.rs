@@ -123,7 +123,7 @@ fn plan_against_an_observed_state_keeps_instances_in_place() {
     let current = dir.path().join("node.yaml");
     std::fs::write(
         &current,
-        "gpus:\n  - index: 0\n    product: NVIDIA H100 80GB HBM3\n    memoryMib: 81559\n    mig: {current: true, pending: true}\n    instances:\n      - {profile: 1g.10gb, placement: [0, 1], gi_id: 7}\n      - {profile: 1g.10gb, placement: [1, 1], gi_id: 8}\n      - {profile: 2g.20gb, placement: [2, 2], gi_id: 4}\n",
+        "gpus:\n  - index: 0\n    product: NVIDIA H100 80GB HBM3\n    memoryMib: 81559\n    mig: {current: true, pending: true}\n    instances:\n      - {profile: 1g.10gb, placement: [0, 1], giId: 7}\n      - {profile: 1g.10gb, placement: [1, 1], giId: 8}\n      - {profile: 2g.20gb, placement: [2, 2], giId: 4}\n",
     )
     .unwrap();
     let profile = dir.path().join("p.yaml");

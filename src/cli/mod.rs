@@ -11,6 +11,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 
+use crate::apply::{apply, resume, ApplyError, ApplyOptions};
+use crate::gpu::Gpus;
 use crate::mig::catalog;
 use crate::plan::{plan, ObservedNode};
 use crate::profile::{read_profiles, validate, NamedProfile, Problem, Profile};
@@ -19,8 +21,17 @@ use crate::profile::{read_profiles, validate, NamedProfile, Problem, Profile};
 #[derive(Parser, Debug)]
 #[command(name = "gpu-share", version, about)]
 pub struct Cli {
+    /// Log format on stderr (level from RUST_LOG, default info).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -33,6 +44,48 @@ enum Command {
     Schema,
     /// List the MIG-capable GPU models and their profiles.
     Catalog(OutputArgs),
+    /// Make this node's GPUs match a profile (MIG mode, GPU and compute instances).
+    Apply(ApplyArgs),
+    /// Show the GPUs: MIG mode, instances and placements, MIG device UUIDs, processes.
+    Status(StatusArgs),
+}
+
+#[derive(Args, Debug)]
+struct NvmlArgs {
+    /// The NVML library to load (default: the system's libnvidia-ml.so.1).
+    #[arg(long, env = "GPU_SHARE_NVML_LIB")]
+    nvml_lib: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct ApplyArgs {
+    /// The profile: a profile file, or a ConfigMap file (then pick the key with --key).
+    /// Without it, an interrupted apply is resumed from the journal.
+    #[arg(long, required_unless_present = "resume")]
+    profile: Option<PathBuf>,
+    #[arg(long)]
+    key: Option<String>,
+    /// Roll an interrupted apply forward to the profile its journal names.
+    #[arg(long, conflicts_with = "profile")]
+    resume: bool,
+    /// Where the crash-safety journal is kept.
+    #[arg(long, env = "GPU_SHARE_STATE_DIR", default_value = "/var/lib/gpu-share")]
+    state_dir: PathBuf,
+    /// Change instances even when processes run on them (the driver may still refuse).
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    nvml: NvmlArgs,
+    #[command(flatten)]
+    out: OutputArgs,
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    #[command(flatten)]
+    nvml: NvmlArgs,
+    #[command(flatten)]
+    out: OutputArgs,
 }
 
 #[derive(Args, Debug)]
@@ -80,6 +133,7 @@ struct PlanArgs {
 /// Parse the command line and run; the exit code says whether problems were found.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
+    init_logging(cli.log_format);
     match dispatch(cli) {
         Ok(code) => code,
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
@@ -103,6 +157,62 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             emit(out.output, &catalog().models, render::catalog)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Apply(args) => run_apply(&args),
+        Command::Status(args) => {
+            let gpus = Gpus::open(args.nvml.nvml_lib.as_deref())?;
+            let node = gpus.observe()?;
+            emit(args.out.output, &node, render::status)?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Exit code when a MIG mode change waits for a GPU reset.
+const EXIT_RESET_REQUIRED: u8 = 3;
+
+fn run_apply(args: &ApplyArgs) -> Result<ExitCode> {
+    let gpus = Gpus::open(args.nvml.nvml_lib.as_deref())?;
+    let opts = ApplyOptions {
+        state_dir: args.state_dir.clone(),
+        force: args.force,
+    };
+    let result = match &args.profile {
+        Some(path) => {
+            let named = pick_profile(path, args.key.as_deref())?;
+            match named.profile {
+                Ok(profile) => apply(&gpus, &named.name, &profile, &opts),
+                Err(problem) => return report_problems(args.out.output, &[problem]),
+            }
+        }
+        None => resume(&gpus, &opts),
+    };
+    match result {
+        Ok(report) => {
+            emit(args.out.output, &report, render::applied)?;
+            Ok(if report.reset_required.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_RESET_REQUIRED)
+            })
+        }
+        Err(ApplyError::Invalid(problems)) => report_problems(args.out.output, &problems),
+        Err(e @ ApplyError::Busy(_)) => {
+            eprintln!("error: {e}");
+            Ok(ExitCode::FAILURE)
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -3,8 +3,9 @@
 use std::fmt::Write;
 
 use super::Checked;
+use crate::apply::ApplyReport;
 use crate::mig::{Geometry, GpuModel};
-use crate::plan::{GpuPlan, MigModeChange, NodePlan, PlannedMode};
+use crate::plan::{GpuPlan, MigModeChange, NodePlan, ObservedGpu, ObservedNode, PlannedMode};
 
 pub(super) fn validation(results: &[Checked]) -> String {
     let mut out = String::new();
@@ -194,4 +195,106 @@ pub(super) fn catalog(models: &Vec<GpuModel>) -> String {
         let _ = writeln!(out, "    source: {}", m.source);
     }
     out
+}
+
+pub(super) fn applied(report: &ApplyReport) -> String {
+    let mut out = String::new();
+    if let Some(old) = &report.interrupted {
+        let _ = writeln!(out, "rolled forward an interrupted apply of profile {old:?}");
+    }
+    for step in &report.steps {
+        let _ = writeln!(out, "done: {step}");
+    }
+    for gpu in &report.reset_required {
+        let _ = writeln!(
+            out,
+            "GPU {gpu}: the MIG mode change is pending: reset the GPU (nvidia-smi --gpu-reset -i {gpu}) or reboot, then run `gpu-share apply --resume`"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "profile {:?}: {} step{} ({} instance{} destroyed, {} created){}",
+        report.profile,
+        report.steps.len(),
+        if report.steps.len() == 1 { "" } else { "s" },
+        report.destroyed(),
+        if report.destroyed() == 1 { "" } else { "s" },
+        report.created(),
+        if report.steps.is_empty() && report.reset_required.is_empty() {
+            ", the GPUs already matched"
+        } else {
+            ""
+        }
+    );
+    out
+}
+
+pub(super) fn status(node: &ObservedNode) -> String {
+    let mut out = String::new();
+    for gpu in &node.gpus {
+        gpu_status(&mut out, gpu);
+    }
+    if node.gpus.is_empty() {
+        out.push_str("no GPUs found\n");
+    }
+    out
+}
+
+fn gpu_status(out: &mut String, gpu: &ObservedGpu) {
+    let mig = match gpu.mig {
+        None => "MIG not supported".to_string(),
+        Some(m) if m.current == m.pending => format!("MIG {}", on_off(m.current)),
+        Some(m) => format!(
+            "MIG {} (pending {}: needs a GPU reset)",
+            on_off(m.current),
+            on_off(m.pending)
+        ),
+    };
+    let _ = writeln!(
+        out,
+        "GPU {}  {}  {}  {}  {} MiB  {mig}",
+        gpu.index,
+        gpu.product,
+        gpu.uuid.as_deref().unwrap_or("-"),
+        gpu.pci_bus_id.as_deref().unwrap_or("-"),
+        gpu.memory_mib.map_or("?".into(), |m| m.to_string()),
+    );
+    for i in &gpu.instances {
+        let gi = i.gi_id;
+        let cis: Vec<String> = gpu
+            .compute_instances
+            .iter()
+            .filter(|c| Some(c.gi_id) == gi)
+            .map(|c| format!("CI {} {}", c.ci_id, c.uuid.as_deref().unwrap_or("-")))
+            .collect();
+        let pids: Vec<String> = gpu
+            .processes
+            .iter()
+            .filter(|p| p.gi_id.is_some() && p.gi_id == gi)
+            .map(|p| p.pid.to_string())
+            .collect();
+        let _ = writeln!(
+            out,
+            "  GI {:<3} {:<12} at {}  {}{}",
+            gi.map_or("?".into(), |g| g.to_string()),
+            i.profile,
+            i.placement,
+            if cis.is_empty() { "no compute instance".to_string() } else { cis.join(", ") },
+            if pids.is_empty() { String::new() } else { format!("  PIDs {}", pids.join(", ")) }
+        );
+    }
+    if gpu.instances.is_empty() {
+        let pids: Vec<String> = gpu.processes.iter().map(|p| p.pid.to_string()).collect();
+        if !pids.is_empty() {
+            let _ = writeln!(out, "  PIDs {}", pids.join(", "));
+        }
+    }
+}
+
+fn on_off(on: bool) -> &'static str {
+    if on {
+        "on"
+    } else {
+        "off"
+    }
 }

@@ -19,6 +19,7 @@ use super::catalog::{GpuInstanceProfile, GpuModel, Placement};
 
 /// A GPU instance that exists on the GPU now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ExistingInstance {
     /// Profile name, e.g. `3g.40gb`.
     pub profile: String,

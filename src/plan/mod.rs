@@ -2,12 +2,14 @@
 //! node will advertise afterwards. Pure: nothing here touches a GPU or the API server.
 
 mod observed;
+mod steps;
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 pub use observed::{MigMode, ObservedGpu, ObservedNode};
+pub use steps::{steps, Step};
 
 use crate::mig::{self, catalog, Geometry, GpuModel};
 use crate::mps::{parse_pinned_memory_limit, PinnedMemoryLimit};

@@ -4,6 +4,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::gpu::{GpuProcess, ObservedComputeInstance};
 use crate::mig::{catalog, ExistingInstance};
 
 /// Every GPU on one node.
@@ -25,6 +26,8 @@ pub struct ObservedGpu {
     pub uuid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_mib: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
     /// MIG mode; absent when the GPU cannot do MIG.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig: Option<MigMode>,
@@ -32,6 +35,12 @@ pub struct ObservedGpu {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(with = "Vec<serde_json::Value>")]
     pub instances: Vec<ExistingInstance>,
+    /// Compute instances (MIG devices) inside those GPU instances.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub compute_instances: Vec<ObservedComputeInstance>,
+    /// Processes with a CUDA context, with their GPU/compute instance under MIG.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<GpuProcess>,
 }
 
 /// MIG mode now and after the next GPU reset (they differ while a change is pending).
@@ -51,8 +60,11 @@ impl ObservedGpu {
             product: model.map_or_else(|| name.to_string(), |m| m.nvml_name.clone()),
             uuid: None,
             memory_mib: model.map(|m| m.total_memory_mib),
+            pci_bus_id: None,
             mig: model.map(|_| MigMode::default()),
             instances: Vec::new(),
+            compute_instances: Vec::new(),
+            processes: Vec::new(),
         }
     }
 

@@ -1,0 +1,62 @@
+//! The apply journal: written before the first mutation, updated after each step, removed when
+//! the node matches. A journal found at start means an apply was interrupted; it names the
+//! profile to roll forward to.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::Step;
+use crate::profile::Profile;
+
+const FILE: &str = "apply-journal.json";
+
+/// What an apply in progress set out to do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Journal {
+    pub profile_name: String,
+    pub profile: Profile,
+    pub steps: Vec<Step>,
+    /// How many steps completed.
+    pub done: usize,
+}
+
+impl Journal {
+    fn path(state_dir: &Path) -> PathBuf {
+        state_dir.join(FILE)
+    }
+
+    /// The journal left in `state_dir`, if any.
+    pub fn load(state_dir: &Path) -> std::io::Result<Option<Journal>> {
+        match fs::read(Self::path(state_dir)) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Write atomically: a temp file in the same directory, fsync, rename, fsync the directory.
+    /// A crash leaves either the old journal or the new one, never half of one.
+    pub fn save(&self, state_dir: &Path) -> std::io::Result<()> {
+        fs::create_dir_all(state_dir)?;
+        let mut tmp = tempfile::NamedTempFile::new_in(state_dir)?;
+        serde_json::to_writer_pretty(&mut tmp, self)?;
+        tmp.as_file_mut().flush()?;
+        tmp.as_file().sync_all()?;
+        tmp.persist(Self::path(state_dir)).map_err(|e| e.error)?;
+        fs::File::open(state_dir)?.sync_all()
+    }
+
+    /// Remove the journal once the node matches.
+    pub fn remove(state_dir: &Path) -> std::io::Result<()> {
+        match fs::remove_file(Self::path(state_dir)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}

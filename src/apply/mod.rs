@@ -1,0 +1,261 @@
+//! The executor: observe the GPUs, plan, and carry out the MIG steps through the NVML door,
+//! journaled so that a crash at any step is rolled forward by the next run.
+//!
+//! Safety rules, in order: an invalid profile or impossible geometry changes nothing; an
+//! instance (or a GPU whose MIG mode changes) with running processes is not touched unless
+//! forced, and the PIDs are named; a MIG mode change the driver leaves pending is reported as
+//! needing a reset, not as applied; after the steps the node is read back and must match.
+
+mod journal;
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+use tracing::{info, warn};
+
+pub use journal::Journal;
+
+use crate::gpu::{GpuError, Gpus, MigModeOutcome};
+use crate::mig::catalog;
+use crate::plan::{plan, steps, NodePlan, ObservedNode, Step};
+use crate::profile::{Problem, Profile};
+
+/// How to apply.
+#[derive(Debug, Clone)]
+pub struct ApplyOptions {
+    /// Where the journal lives.
+    pub state_dir: PathBuf,
+    /// Skip the running-process check (the driver may still refuse with "In use").
+    pub force: bool,
+}
+
+/// What an apply did.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplyReport {
+    pub profile: String,
+    /// The profile of an interrupted apply found in the journal, when there was one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<String>,
+    /// Steps carried out, in order.
+    pub steps: Vec<Step>,
+    /// GPUs whose MIG mode change waits for a GPU reset or reboot.
+    pub reset_required: Vec<u32>,
+    pub plan: NodePlan,
+}
+
+impl ApplyReport {
+    pub fn destroyed(&self) -> usize {
+        self.count(|s| matches!(s, Step::DestroyInstance { .. }))
+    }
+
+    pub fn created(&self) -> usize {
+        self.count(|s| matches!(s, Step::CreateInstance { .. }))
+    }
+
+    fn count(&self, f: impl Fn(&Step) -> bool) -> usize {
+        self.steps.iter().filter(|s| f(s)).count()
+    }
+}
+
+/// An instance that cannot be touched because processes run on it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Busy {
+    pub step: Step,
+    pub pids: Vec<u32>,
+}
+
+/// Why an apply stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("the profile cannot be applied to this node; nothing was changed")]
+    Invalid(Vec<Problem>),
+    #[error("{}", busy_message(.0))]
+    Busy(Vec<Busy>),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error("cannot write the journal in {dir}: {source}")]
+    Journal {
+        dir: String,
+        source: std::io::Error,
+    },
+    #[error("after applying, the GPUs still differ from the plan: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Verify(Vec<Step>),
+    #[error("no interrupted apply to resume: the state dir {0} has no journal")]
+    NothingToResume(String),
+}
+
+fn busy_message(busy: &[Busy]) -> String {
+    let parts: Vec<String> = busy
+        .iter()
+        .map(|b| {
+            let pids: Vec<String> = b.pids.iter().map(u32::to_string).collect();
+            format!("{} is in use by PID {}", b.step, pids.join(", "))
+        })
+        .collect();
+    format!(
+        "refusing to change instances with running processes (stop them, or pass --force): {}",
+        parts.join("; ")
+    )
+}
+
+/// Make the node match `profile` (named `name`).
+pub fn apply(
+    gpus: &Gpus,
+    name: &str,
+    profile: &Profile,
+    opts: &ApplyOptions,
+) -> Result<ApplyReport, ApplyError> {
+    let interrupted = leftover(opts)?;
+    if let Some(j) = &interrupted {
+        warn!(
+            profile = %j.profile_name,
+            done = j.done,
+            steps = j.steps.len(),
+            "found an interrupted apply; rolling forward from the GPUs' current state"
+        );
+    }
+    let observed = gpus.observe()?;
+    let node_plan = plan(name, profile, &observed).map_err(ApplyError::Invalid)?;
+    let todo = steps(&node_plan, &observed);
+    let busy = busy_steps(&todo, &observed);
+    if !busy.is_empty() && !opts.force {
+        return Err(ApplyError::Busy(busy));
+    }
+    let mut report = ApplyReport {
+        profile: name.to_string(),
+        interrupted: interrupted.map(|j| j.profile_name),
+        steps: Vec::new(),
+        reset_required: Vec::new(),
+        plan: node_plan,
+    };
+    if todo.is_empty() {
+        info!(profile = name, "the GPUs already match the profile");
+        remove_journal(opts)?;
+        return Ok(report);
+    }
+    let mut journal = Journal {
+        profile_name: name.to_string(),
+        profile: profile.clone(),
+        steps: todo.clone(),
+        done: 0,
+    };
+    save_journal(&journal, opts)?;
+    for step in todo {
+        if report.reset_required.contains(&step.gpu()) {
+            continue;
+        }
+        info!(%step, "applying");
+        if execute(gpus, &step)? == MigModeOutcome::Applied {
+            report.steps.push(step);
+        } else {
+            warn!(%step, "MIG mode change is pending: the GPU needs a reset (or reboot) before its instances can be created");
+            report.reset_required.push(step.gpu());
+        }
+        journal.done += 1;
+        save_journal(&journal, opts)?;
+    }
+    verify(gpus, name, profile, &report.reset_required)?;
+    if report.reset_required.is_empty() {
+        remove_journal(opts)?;
+    }
+    Ok(report)
+}
+
+/// Roll an interrupted apply forward to its profile, as recorded in the journal.
+pub fn resume(gpus: &Gpus, opts: &ApplyOptions) -> Result<ApplyReport, ApplyError> {
+    let journal = leftover(opts)?.ok_or_else(|| {
+        ApplyError::NothingToResume(opts.state_dir.display().to_string())
+    })?;
+    apply(gpus, &journal.profile_name, &journal.profile, opts)
+}
+
+fn execute(gpus: &Gpus, step: &Step) -> Result<MigModeOutcome, GpuError> {
+    let profile_of = |gpu: u32, name: &str| {
+        let product = gpus.observe_product(gpu)?;
+        catalog()
+            .model_by_product(&product)
+            .and_then(|m| m.profile(name))
+            .cloned()
+            .ok_or(GpuError::UnknownModel {
+                index: gpu,
+                product,
+            })
+    };
+    match step {
+        Step::DestroyInstance { gpu, gi_id, .. } => gpus.destroy_instance(*gpu, *gi_id)?,
+        Step::SetMigMode { gpu, enable } => return gpus.set_mig_mode(*gpu, *enable),
+        Step::CreateInstance {
+            gpu,
+            profile,
+            placement,
+        } => {
+            gpus.create_instance(*gpu, &profile_of(*gpu, profile)?, *placement)?;
+        }
+        Step::CompleteInstance {
+            gpu,
+            gi_id,
+            profile,
+        } => gpus.complete_instance(*gpu, *gi_id, &profile_of(*gpu, profile)?)?,
+    }
+    Ok(MigModeOutcome::Applied)
+}
+
+/// Steps that would touch instances (or whole GPUs) with running processes.
+fn busy_steps(todo: &[Step], observed: &ObservedNode) -> Vec<Busy> {
+    todo.iter()
+        .filter_map(|step| {
+            let gpu = observed.gpus.iter().find(|g| g.index == step.gpu())?;
+            let pids: Vec<u32> = gpu
+                .processes
+                .iter()
+                .filter(|p| match step {
+                    Step::DestroyInstance { gi_id, .. } => p.gi_id == Some(*gi_id),
+                    Step::SetMigMode { .. } => true,
+                    _ => false,
+                })
+                .map(|p| p.pid)
+                .collect();
+            (!pids.is_empty()).then(|| Busy {
+                step: step.clone(),
+                pids,
+            })
+        })
+        .collect()
+}
+
+/// Read the GPUs back: every GPU not waiting for a reset must now need no step.
+fn verify(gpus: &Gpus, name: &str, profile: &Profile, waiting: &[u32]) -> Result<(), ApplyError> {
+    let observed = gpus.observe()?;
+    let node_plan = plan(name, profile, &observed).map_err(ApplyError::Invalid)?;
+    let left: Vec<Step> = steps(&node_plan, &observed)
+        .into_iter()
+        .filter(|s| !waiting.contains(&s.gpu()))
+        .collect();
+    if left.is_empty() {
+        Ok(())
+    } else {
+        Err(ApplyError::Verify(left))
+    }
+}
+
+fn leftover(opts: &ApplyOptions) -> Result<Option<Journal>, ApplyError> {
+    Journal::load(&opts.state_dir).map_err(|source| journal_error(opts, source))
+}
+
+fn save_journal(journal: &Journal, opts: &ApplyOptions) -> Result<(), ApplyError> {
+    journal
+        .save(&opts.state_dir)
+        .map_err(|source| journal_error(opts, source))
+}
+
+fn remove_journal(opts: &ApplyOptions) -> Result<(), ApplyError> {
+    Journal::remove(&opts.state_dir).map_err(|source| journal_error(opts, source))
+}
+
+fn journal_error(opts: &ApplyOptions, source: std::io::Error) -> ApplyError {
+    ApplyError::Journal {
+        dir: opts.state_dir.display().to_string(),
+        source,
+    }
+}

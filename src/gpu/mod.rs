@@ -1,0 +1,380 @@
+//! The one door to NVML: read the node's GPUs and change their MIG configuration.
+//!
+//! Built on nvml-wrapper; the MIG calls it lacks go through [`raw`], the only unsafe code. The
+//! library path is configurable (`--nvml-lib` / `GPU_SHARE_NVML_LIB`), so tests point the real
+//! code at the fake `libnvidia-ml.so` in `tests/fake-nvml`.
+
+pub mod raw;
+
+use std::ffi::OsStr;
+use std::path::Path;
+
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
+use serde::{Deserialize, Serialize};
+
+use crate::mig::{catalog, ExistingInstance, GpuInstanceProfile, GpuModel, Placement};
+use crate::plan::{MigMode, ObservedGpu, ObservedNode};
+pub use raw::NvmlCallError;
+
+/// `NVML_GPU_INSTANCE_PROFILE_COUNT` in the NVML 13 header nvml-wrapper-sys 0.10 binds.
+const GPU_INSTANCE_PROFILE_COUNT: u32 = 17;
+/// The library nvml-wrapper loads when no path is given.
+pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
+
+/// Why the door could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("cannot load NVML from {library}: {source} (is the NVIDIA driver installed? `gpu-share doctor` checks each layer)")]
+    Load {
+        library: String,
+        source: NvmlError,
+    },
+    #[error("GPU {index}: {what}: {source}")]
+    Wrapper {
+        index: u32,
+        what: &'static str,
+        source: NvmlError,
+    },
+    #[error("GPU {index}: {source}")]
+    Call {
+        index: u32,
+        source: NvmlCallError,
+    },
+    #[error("GPU {index} ({product}) is not in the MIG catalog")]
+    UnknownModel { index: u32, product: String },
+    #[error("GPU {index}: no GPU instance with id {gi_id}")]
+    NoSuchInstance { index: u32, gi_id: u32 },
+}
+
+/// A compute instance: a MIG device that CUDA and the device plugin see.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedComputeInstance {
+    pub gi_id: u32,
+    pub ci_id: u32,
+    pub profile_id: u32,
+    /// `MIG-…` UUID, what `NVIDIA_VISIBLE_DEVICES` names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+}
+
+/// A process with a CUDA context on a GPU (or on one of its MIG devices).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuProcess {
+    pub pid: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_memory_mib: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gi_id: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ci_id: Option<u32>,
+}
+
+/// What a MIG mode change did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigModeOutcome {
+    /// Current mode is now the one asked for.
+    Applied,
+    /// The driver accepted it as pending: a GPU reset (or reboot) must follow. The status is
+    /// NVML's activation status code (e.g. 16, RESET_REQUIRED; 19, IN_USE).
+    Pending { activation_status: u32 },
+}
+
+/// An open NVML library.
+pub struct Gpus {
+    nvml: Nvml,
+}
+
+impl Gpus {
+    /// Load NVML from `library` (a path, or the system's `libnvidia-ml.so.1`) and initialise it.
+    pub fn open(library: Option<&Path>) -> Result<Gpus, GpuError> {
+        let path = library.map_or_else(|| OsStr::new(DEFAULT_LIBRARY), Path::as_os_str);
+        let nvml = Nvml::builder()
+            .lib_path(path)
+            .init()
+            .map_err(|source| GpuError::Load {
+                library: path.to_string_lossy().into_owned(),
+                source,
+            })?;
+        Ok(Gpus { nvml })
+    }
+
+    /// The driver version NVML reports.
+    pub fn driver_version(&self) -> Option<String> {
+        self.nvml.sys_driver_version().ok()
+    }
+
+    fn device(&self, index: u32) -> Result<Device<'_>, GpuError> {
+        self.nvml
+            .device_by_index(index)
+            .map_err(|source| GpuError::Wrapper {
+                index,
+                what: "open device",
+                source,
+            })
+    }
+
+    /// The product name of GPU `index`, as NVML reports it.
+    pub fn observe_product(&self, index: u32) -> Result<String, GpuError> {
+        self.device(index)?
+            .name()
+            .map_err(|source| GpuError::Wrapper {
+                index,
+                what: "read name",
+                source,
+            })
+    }
+
+    /// Every GPU: identity, MIG mode, GPU and compute instances, MIG device UUIDs, processes.
+    pub fn observe(&self) -> Result<ObservedNode, GpuError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|source| GpuError::Wrapper {
+                index: 0,
+                what: "count devices",
+                source,
+            })?;
+        let gpus = (0..count)
+            .map(|i| self.observe_gpu(i))
+            .collect::<Result<_, _>>()?;
+        Ok(ObservedNode { gpus })
+    }
+
+    fn observe_gpu(&self, index: u32) -> Result<ObservedGpu, GpuError> {
+        let dev = self.device(index)?;
+        let wrap = |what| move |source| GpuError::Wrapper { index, what, source };
+        let product = dev.name().map_err(wrap("read name"))?;
+        let mig = match dev.mig_mode() {
+            Ok(m) => Some(MigMode {
+                current: m.current == 1,
+                pending: m.pending == 1,
+            }),
+            Err(NvmlError::NotSupported) => None,
+            Err(source) => return Err(wrap("read MIG mode")(source)),
+        };
+        let mut gpu = ObservedGpu {
+            index,
+            uuid: Some(dev.uuid().map_err(wrap("read UUID"))?),
+            memory_mib: Some(dev.memory_info().map_err(wrap("read memory"))?.total >> 20),
+            pci_bus_id: Some(dev.pci_info().map_err(wrap("read PCI info"))?.bus_id),
+            product,
+            mig,
+            instances: Vec::new(),
+            compute_instances: Vec::new(),
+            processes: Vec::new(),
+        };
+        if mig.is_some_and(|m| m.current) {
+            self.observe_mig(&dev, &mut gpu)?;
+        } else {
+            gpu.processes = processes(&dev, None).map_err(wrap("list processes"))?;
+        }
+        Ok(gpu)
+    }
+
+    /// GPU instances (with their placements as NVML reports them: never derived from ids),
+    /// compute instances, and per MIG device its UUID and processes.
+    fn observe_mig(&self, dev: &Device<'_>, gpu: &mut ObservedGpu) -> Result<(), GpuError> {
+        let index = gpu.index;
+        let call = |source| GpuError::Call { index, source };
+        let model = catalog().model_by_product(&gpu.product);
+        // SAFETY: `dev` is borrowed from `self.nvml` for this whole function.
+        let handle = unsafe { dev.handle() };
+        for profile_index in 0..GPU_INSTANCE_PROFILE_COUNT {
+            let Some((profile_id, cap)) =
+                raw::gpu_instance_profile(&self.nvml, handle, profile_index).map_err(call)?
+            else {
+                continue;
+            };
+            for gi in raw::gpu_instances(&self.nvml, handle, profile_id, cap).map_err(call)? {
+                let info = gi.info(&self.nvml).map_err(call)?;
+                gpu.instances.push(ExistingInstance {
+                    profile: profile_name(model, profile_id),
+                    placement: info.placement,
+                    gi_id: Some(info.id),
+                });
+                gpu.compute_instances
+                    .extend(self.compute_instances_of(&gi, info.id).map_err(call)?);
+            }
+        }
+        gpu.instances.sort_by_key(|i| i.placement);
+        self.observe_mig_devices(dev, gpu)
+    }
+
+    fn compute_instances_of(
+        &self,
+        gi: &raw::GpuInstance<'_>,
+        gi_id: u32,
+    ) -> Result<Vec<ObservedComputeInstance>, NvmlCallError> {
+        let mut out = Vec::new();
+        // CI profile indices 0..NVML_COMPUTE_INSTANCE_PROFILE_COUNT (8 in nvml-wrapper-sys 0.10).
+        for ci_index in 0..8 {
+            let Some((ci_profile_id, cap)) = gi.compute_instance_profile(&self.nvml, ci_index)?
+            else {
+                continue;
+            };
+            for ci in gi.compute_instances(&self.nvml, ci_profile_id, cap)? {
+                let info = ci.info(&self.nvml)?;
+                out.push(ObservedComputeInstance {
+                    gi_id,
+                    ci_id: info.id,
+                    profile_id: info.profile_id,
+                    uuid: None,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Walk the MIG device handles to learn each compute instance's UUID and processes.
+    fn observe_mig_devices(&self, dev: &Device<'_>, gpu: &mut ObservedGpu) -> Result<(), GpuError> {
+        let index = gpu.index;
+        let wrap = |what| move |source| GpuError::Wrapper { index, what, source };
+        let max = dev.mig_device_count().map_err(wrap("count MIG devices"))?;
+        for i in 0..max {
+            let mig = match dev.mig_device_by_index(i) {
+                Ok(m) => m,
+                Err(NvmlError::NotFound | NvmlError::InvalidArg) => continue,
+                Err(source) => return Err(wrap("open MIG device")(source)),
+            };
+            // SAFETY: `mig` is a MIG device handle borrowed from `self.nvml`.
+            let (gi_id, ci_id) = raw::mig_device_ids(&self.nvml, unsafe { mig.handle() })
+                .map_err(|source| GpuError::Call { index, source })?;
+            let uuid = mig.uuid().map_err(wrap("read MIG device UUID"))?;
+            if let Some(ci) = gpu
+                .compute_instances
+                .iter_mut()
+                .find(|c| c.gi_id == gi_id && c.ci_id == ci_id)
+            {
+                ci.uuid = Some(uuid);
+            }
+            let procs = processes(&mig, Some((gi_id, ci_id))).map_err(wrap("list processes"))?;
+            gpu.processes.extend(procs);
+        }
+        Ok(())
+    }
+
+    /// Turn MIG mode on or off. On Ampere the driver may leave the change pending until a GPU
+    /// reset; that is reported, never papered over.
+    pub fn set_mig_mode(&self, index: u32, enable: bool) -> Result<MigModeOutcome, GpuError> {
+        let dev = self.device(index)?;
+        let wrap = |what| move |source| GpuError::Wrapper { index, what, source };
+        let status = dev.set_mig_mode(enable).map_err(wrap("set MIG mode"))?;
+        let mode = dev.mig_mode().map_err(wrap("read MIG mode"))?;
+        if (mode.current == 1) == enable {
+            Ok(MigModeOutcome::Applied)
+        } else {
+            Ok(MigModeOutcome::Pending {
+                activation_status: status,
+            })
+        }
+    }
+
+    /// Create a GPU instance of `profile` at `placement`, then its default compute instance,
+    /// so it becomes a usable MIG device. Returns the GI id.
+    pub fn create_instance(
+        &self,
+        index: u32,
+        profile: &GpuInstanceProfile,
+        placement: Placement,
+    ) -> Result<u32, GpuError> {
+        let dev = self.device(index)?;
+        let call = |source| GpuError::Call { index, source };
+        // SAFETY: `dev` is borrowed from `self.nvml` for this whole function.
+        let handle = unsafe { dev.handle() };
+        let gi = raw::create_gpu_instance(&self.nvml, handle, profile.profile_id, placement)
+            .map_err(call)?;
+        let gi_id = gi.info(&self.nvml).map_err(call)?.id;
+        self.create_default_ci(&gi, profile).map_err(call)?;
+        Ok(gi_id)
+    }
+
+    /// Give an existing GPU instance its default compute instance (after an interrupted
+    /// create left it without one).
+    pub fn complete_instance(
+        &self,
+        index: u32,
+        gi_id: u32,
+        profile: &GpuInstanceProfile,
+    ) -> Result<(), GpuError> {
+        let dev = self.device(index)?;
+        let call = |source| GpuError::Call { index, source };
+        // SAFETY: as in create_instance.
+        let gi = raw::gpu_instance_by_id(&self.nvml, unsafe { dev.handle() }, gi_id)
+            .map_err(call)?;
+        self.create_default_ci(&gi, profile).map_err(call)
+    }
+
+    fn create_default_ci(
+        &self,
+        gi: &raw::GpuInstance<'_>,
+        profile: &GpuInstanceProfile,
+    ) -> Result<(), NvmlCallError> {
+        let ci_profile = catalog()
+            .ci_profiles(profile)
+            .iter()
+            .find(|c| c.default)
+            .expect("the catalog gives every GI profile a default CI profile");
+        let (ci_profile_id, _) = gi
+            .compute_instance_profile(&self.nvml, ci_profile.ci_profile_index)?
+            .unwrap_or((ci_profile.profile_id, 1));
+        gi.create_compute_instance(&self.nvml, ci_profile_id)?;
+        Ok(())
+    }
+
+    /// Destroy GPU instance `gi_id`: its compute instances first, as NVML requires.
+    pub fn destroy_instance(&self, index: u32, gi_id: u32) -> Result<(), GpuError> {
+        let dev = self.device(index)?;
+        let call = |source| GpuError::Call { index, source };
+        // SAFETY: as in create_instance.
+        let handle = unsafe { dev.handle() };
+        let gi = match raw::gpu_instance_by_id(&self.nvml, handle, gi_id) {
+            Ok(gi) => gi,
+            Err(e) if e.code == raw::NOT_FOUND => {
+                return Err(GpuError::NoSuchInstance { index, gi_id })
+            }
+            Err(e) => return Err(call(e)),
+        };
+        for ci_index in 0..8 {
+            let Some((ci_profile_id, cap)) = gi
+                .compute_instance_profile(&self.nvml, ci_index)
+                .map_err(call)?
+            else {
+                continue;
+            };
+            for ci in gi
+                .compute_instances(&self.nvml, ci_profile_id, cap)
+                .map_err(call)?
+            {
+                ci.destroy(&self.nvml).map_err(call)?;
+            }
+        }
+        gi.destroy(&self.nvml).map_err(call)
+    }
+}
+
+/// The catalog name of a profile id on this model, or `id<N>` for one the catalog lacks.
+fn profile_name(model: Option<&GpuModel>, profile_id: u32) -> String {
+    model
+        .and_then(|m| m.profile_by_id(profile_id))
+        .map_or_else(|| format!("id{profile_id}"), |p| p.name.clone())
+}
+
+fn processes(dev: &Device<'_>, mig: Option<(u32, u32)>) -> Result<Vec<GpuProcess>, NvmlError> {
+    use nvml_wrapper::enums::device::UsedGpuMemory;
+    Ok(dev
+        .running_compute_processes()?
+        .into_iter()
+        .map(|p| GpuProcess {
+            pid: p.pid,
+            used_memory_mib: match p.used_gpu_memory {
+                UsedGpuMemory::Used(bytes) => Some(bytes >> 20),
+                UsedGpuMemory::Unavailable => None,
+            },
+            gi_id: p.gpu_instance_id.or(mig.map(|m| m.0)),
+            ci_id: p.compute_instance_id.or(mig.map(|m| m.1)),
+        })
+        .collect())
+}
