@@ -227,7 +227,10 @@ mod tests {
     #[test]
     fn gi_ids_follow_the_observed_tree() {
         let h100 = catalog().model("h100").unwrap();
-        let ids: Vec<u32> = [6, 4, 5, 0].iter().map(|s| gi_id_for(h100, pl(*s, 1))).collect();
+        let ids: Vec<u32> = [6, 4, 5, 0]
+            .iter()
+            .map(|s| gi_id_for(h100, pl(*s, 1)))
+            .collect();
         assert_eq!(ids, [13, 11, 12, 7]);
         assert_eq!(gi_id_for(h100, pl(0, 8)), 0);
         assert_eq!(gi_id_for(h100, pl(4, 2)), 5);

@@ -193,8 +193,8 @@ impl Process {
 }
 
 impl Gpu {
-    /// A MIG-capable GPU of a catalog model, MIG disabled. Panics on an unknown model, since a
-    /// test that names one is wrong.
+    /// A MIG-capable GPU of a catalog model (key, alias or product name; a product name is kept
+    /// as the device name), MIG disabled. Panics on an unknown model: the test is wrong.
     pub fn mig(model: &str) -> Gpu {
         let m = catalog()
             .model(model)
@@ -204,7 +204,14 @@ impl Gpu {
                 current: false,
                 pending: false,
             }),
-            ..Gpu::plain(&m.nvml_name, None)
+            ..Gpu::plain(
+                if m.has_product_name(model) {
+                    model
+                } else {
+                    &m.nvml_name
+                },
+                None,
+            )
         }
     }
 
@@ -290,10 +297,16 @@ impl Gpu {
     /// Fill in defaults and reject states the fake cannot simulate.
     fn normalise(&mut self, index: usize) -> Result<(), String> {
         if self.mig.is_some() && self.catalog_model().is_none() {
-            return Err(format!("gpu {index}: {}: MIG needs a catalog model", self.model));
+            return Err(format!(
+                "gpu {index}: {}: MIG needs a catalog model",
+                self.model
+            ));
         }
         if self.total_memory_mib() == 0 {
-            return Err(format!("gpu {index}: {}: memory_mib is required", self.model));
+            return Err(format!(
+                "gpu {index}: {}: memory_mib is required",
+                self.model
+            ));
         }
         if self.uuid.is_empty() {
             self.uuid = uuid_from("GPU-", &format!("fake-nvml gpu {index} {}", self.model));
