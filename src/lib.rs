@@ -8,11 +8,11 @@
 //! Planning is pure and testable: it takes an observed node and a profile and returns what to
 //! change. Only executors touch hardware or the Kubernetes API.
 
+pub mod apply;
 pub mod cli;
+pub mod gpu;
 pub mod mig;
 pub mod mps;
 pub mod plan;
 pub mod profile;
 pub mod timeslice;
-pub mod gpu;
-pub mod apply;

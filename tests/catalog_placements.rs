@@ -300,14 +300,12 @@ fn quoted_models_are_marked_verified() {
 
 /// `placements_verified` should be false where the reference has no `-lgipp` text for the model.
 /// Two catalog entries disagree; they are listed here rather than skipped silently.
-const KNOWN_FLAG_EXCEPTIONS: &[(&str, &str)] = &[
-    (
-        "a100-80gb",
-        "the catalog marks the model and 6 of its 7 profiles verified, citing the A100 40GB \
+const KNOWN_FLAG_EXCEPTIONS: &[(&str, &str)] = &[(
+    "a100-80gb",
+    "the catalog marks the model and 6 of its 7 profiles verified, citing the A100 40GB \
          -lgipp text of the MIG guide (source: \"placements = A100 family\"); mig-nvml.md §1.2 \
          quotes -lgipp for A100 40GB, H100 80GB HBM3 and H100 NVL only",
-    ),
-];
+)];
 
 #[test]
 fn inferred_models_are_not_marked_verified_except_known_exceptions() {

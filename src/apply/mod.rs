@@ -75,10 +75,7 @@ pub enum ApplyError {
     #[error(transparent)]
     Gpu(#[from] GpuError),
     #[error("cannot write the journal in {dir}: {source}")]
-    Journal {
-        dir: String,
-        source: std::io::Error,
-    },
+    Journal { dir: String, source: std::io::Error },
     #[error("after applying, the GPUs still differ from the plan: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Verify(Vec<Step>),
     #[error("no interrupted apply to resume: the state dir {0} has no journal")]
@@ -164,9 +161,8 @@ pub fn apply(
 
 /// Roll an interrupted apply forward to its profile, as recorded in the journal.
 pub fn resume(gpus: &Gpus, opts: &ApplyOptions) -> Result<ApplyReport, ApplyError> {
-    let journal = leftover(opts)?.ok_or_else(|| {
-        ApplyError::NothingToResume(opts.state_dir.display().to_string())
-    })?;
+    let journal = leftover(opts)?
+        .ok_or_else(|| ApplyError::NothingToResume(opts.state_dir.display().to_string()))?;
     apply(gpus, &journal.profile_name, &journal.profile, opts)
 }
 

@@ -69,7 +69,11 @@ struct ApplyArgs {
     #[arg(long, conflicts_with = "profile")]
     resume: bool,
     /// Where the crash-safety journal is kept.
-    #[arg(long, env = "GPU_SHARE_STATE_DIR", default_value = "/var/lib/gpu-share")]
+    #[arg(
+        long,
+        env = "GPU_SHARE_STATE_DIR",
+        default_value = "/var/lib/gpu-share"
+    )]
     state_dir: PathBuf,
     /// Change instances even when processes run on them (the driver may still refuse).
     #[arg(long)]

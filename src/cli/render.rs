@@ -200,7 +200,10 @@ pub(super) fn catalog(models: &Vec<GpuModel>) -> String {
 pub(super) fn applied(report: &ApplyReport) -> String {
     let mut out = String::new();
     if let Some(old) = &report.interrupted {
-        let _ = writeln!(out, "rolled forward an interrupted apply of profile {old:?}");
+        let _ = writeln!(
+            out,
+            "rolled forward an interrupted apply of profile {old:?}"
+        );
     }
     for step in &report.steps {
         let _ = writeln!(out, "done: {step}");
@@ -279,8 +282,16 @@ fn gpu_status(out: &mut String, gpu: &ObservedGpu) {
             gi.map_or("?".into(), |g| g.to_string()),
             i.profile,
             i.placement,
-            if cis.is_empty() { "no compute instance".to_string() } else { cis.join(", ") },
-            if pids.is_empty() { String::new() } else { format!("  PIDs {}", pids.join(", ")) }
+            if cis.is_empty() {
+                "no compute instance".to_string()
+            } else {
+                cis.join(", ")
+            },
+            if pids.is_empty() {
+                String::new()
+            } else {
+                format!("  PIDs {}", pids.join(", "))
+            }
         );
     }
     if gpu.instances.is_empty() {

@@ -26,10 +26,7 @@ pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
     #[error("cannot load NVML from {library}: {source} (is the NVIDIA driver installed? `gpu-share doctor` checks each layer)")]
-    Load {
-        library: String,
-        source: NvmlError,
-    },
+    Load { library: String, source: NvmlError },
     #[error("GPU {index}: {what}: {source}")]
     Wrapper {
         index: u32,
@@ -37,10 +34,7 @@ pub enum GpuError {
         source: NvmlError,
     },
     #[error("GPU {index}: {source}")]
-    Call {
-        index: u32,
-        source: NvmlCallError,
-    },
+    Call { index: u32, source: NvmlCallError },
     #[error("GPU {index} ({product}) is not in the MIG catalog")]
     UnknownModel { index: u32, product: String },
     #[error("GPU {index}: no GPU instance with id {gi_id}")]
@@ -145,7 +139,13 @@ impl Gpus {
 
     fn observe_gpu(&self, index: u32) -> Result<ObservedGpu, GpuError> {
         let dev = self.device(index)?;
-        let wrap = |what| move |source| GpuError::Wrapper { index, what, source };
+        let wrap = |what| {
+            move |source| GpuError::Wrapper {
+                index,
+                what,
+                source,
+            }
+        };
         let product = dev.name().map_err(wrap("read name"))?;
         let mig = match dev.mig_mode() {
             Ok(m) => Some(MigMode {
@@ -231,7 +231,13 @@ impl Gpus {
     /// Walk the MIG device handles to learn each compute instance's UUID and processes.
     fn observe_mig_devices(&self, dev: &Device<'_>, gpu: &mut ObservedGpu) -> Result<(), GpuError> {
         let index = gpu.index;
-        let wrap = |what| move |source| GpuError::Wrapper { index, what, source };
+        let wrap = |what| {
+            move |source| GpuError::Wrapper {
+                index,
+                what,
+                source,
+            }
+        };
         let max = dev.mig_device_count().map_err(wrap("count MIG devices"))?;
         for i in 0..max {
             let mig = match dev.mig_device_by_index(i) {
@@ -260,7 +266,13 @@ impl Gpus {
     /// reset; that is reported, never papered over.
     pub fn set_mig_mode(&self, index: u32, enable: bool) -> Result<MigModeOutcome, GpuError> {
         let dev = self.device(index)?;
-        let wrap = |what| move |source| GpuError::Wrapper { index, what, source };
+        let wrap = |what| {
+            move |source| GpuError::Wrapper {
+                index,
+                what,
+                source,
+            }
+        };
         let status = dev.set_mig_mode(enable).map_err(wrap("set MIG mode"))?;
         let mode = dev.mig_mode().map_err(wrap("read MIG mode"))?;
         if (mode.current == 1) == enable {
@@ -302,8 +314,8 @@ impl Gpus {
         let dev = self.device(index)?;
         let call = |source| GpuError::Call { index, source };
         // SAFETY: as in create_instance.
-        let gi = raw::gpu_instance_by_id(&self.nvml, unsafe { dev.handle() }, gi_id)
-            .map_err(call)?;
+        let gi =
+            raw::gpu_instance_by_id(&self.nvml, unsafe { dev.handle() }, gi_id).map_err(call)?;
         self.create_default_ci(&gi, profile).map_err(call)
     }
 

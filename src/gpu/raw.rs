@@ -22,8 +22,8 @@ use nvml_wrapper::error::nvml_sym;
 use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings::{
     nvmlComputeInstanceInfo_t, nvmlComputeInstanceProfileInfo_t, nvmlComputeInstance_t,
-    nvmlDevice_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
-    nvmlGpuInstanceProfileInfo_t, nvmlGpuInstance_t, nvmlReturn_t,
+    nvmlDevice_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_t,
+    nvmlGpuInstance_t, nvmlReturn_t,
 };
 
 use crate::mig::Placement;

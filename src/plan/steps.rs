@@ -57,7 +57,10 @@ impl std::fmt::Display for Step {
                 gi_id,
                 profile,
                 placement,
-            } => write!(f, "GPU {gpu}: destroy {profile} at {placement} (GI {gi_id})"),
+            } => write!(
+                f,
+                "GPU {gpu}: destroy {profile} at {placement} (GI {gi_id})"
+            ),
             Step::SetMigMode { gpu, enable } => write!(
                 f,
                 "GPU {gpu}: {} MIG mode",
@@ -68,7 +71,11 @@ impl std::fmt::Display for Step {
                 profile,
                 placement,
             } => write!(f, "GPU {gpu}: create {profile} at {placement}"),
-            Step::CompleteInstance { gpu, gi_id, profile } => write!(
+            Step::CompleteInstance {
+                gpu,
+                gi_id,
+                profile,
+            } => write!(
                 f,
                 "GPU {gpu}: create the missing compute instance of {profile} (GI {gi_id})"
             ),
@@ -78,10 +85,7 @@ impl std::fmt::Display for Step {
 
 /// The steps that take `node` to `plan`, in the order they must run.
 pub fn steps(plan: &NodePlan, node: &ObservedNode) -> Vec<Step> {
-    plan.gpus
-        .iter()
-        .flat_map(|g| gpu_steps(g, node))
-        .collect()
+    plan.gpus.iter().flat_map(|g| gpu_steps(g, node)).collect()
 }
 
 fn gpu_steps(plan: &GpuPlan, node: &ObservedNode) -> Vec<Step> {

@@ -276,7 +276,7 @@ exports! {
             Dev::Mig(i, gi, ci) => (i, Some((gi, ci))),
         };
         let procs = s.gpu(i)?.processes.iter();
-        let mine = procs.filter(|p| on.map_or(true, |(gi, ci)| p.in_ci(gi, ci)));
+        let mine = procs.filter(|p| on.is_none_or(|(gi, ci)| p.in_ci(gi, ci)));
         let list: Vec<_> = mine.map(process_info).collect();
         // SAFETY: caller's pointers.
         unsafe { put_counted(infos, count, &list, false) }
