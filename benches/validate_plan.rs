@@ -17,8 +17,8 @@ const CASES: &[(&str, &str, &str)] = &[
         "h100x8",
     ),
     (
-        "h200-mig-mps",
-        include_str!("../profiles/h200-mig-mps.yaml"),
+        "h200-mig-timeslice",
+        include_str!("../profiles/h200-mig-timeslice.yaml"),
         "h200x8",
     ),
     (

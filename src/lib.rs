@@ -10,6 +10,8 @@
 
 pub mod apply;
 pub mod cli;
+pub mod device_plugin;
+pub mod doctor;
 pub mod gpu;
 pub mod mig;
 pub mod mps;

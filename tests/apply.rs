@@ -191,7 +191,8 @@ const EXAMPLES: &[(&str, &[&str])] = &[
         "profiles/a100-80gb-single.yaml",
         &["a100-80gb", "h100-80gb-sxm", "h100-pcie"],
     ),
-    ("profiles/h200-mig-mps.yaml", &["h200-141gb"]),
+    ("profiles/h200-mig-timeslice.yaml", &["h200-141gb"]),
+    ("profiles/h100-mps.yaml", &["h100-80gb-sxm"]),
     ("profiles/exclusive.yaml", &["h100-80gb-sxm", "a30-24gb"]),
 ];
 

@@ -212,7 +212,7 @@ fn overlapping_index_selectors() {
 #[test]
 fn all_overlaps_everything() {
     assert_one_error(
-        "version: v1\nrules:\n  - {devices: all, exclusive: true}\n  - {devices: {product: \"NVIDIA H100*\"}, timeSlicing: {replicas: 2}}\n",
+        "version: v1\nrules:\n  - {devices: all, exclusive: true}\n  - {devices: {product: \"NVIDIA H100*\"}, exclusive: true}\n",
         Some(2),
         None,
         "`all` selects every GPU",
@@ -222,7 +222,7 @@ fn all_overlaps_everything() {
 #[test]
 fn overlapping_product_selectors() {
     assert_one_error(
-        "version: v1\nrules:\n  - {devices: {product: \"NVIDIA H100*\"}, exclusive: true}\n  - {devices: {product: \"*HBM3\"}, timeSlicing: {replicas: 2}}\n",
+        "version: v1\nrules:\n  - {devices: {product: \"NVIDIA H100*\"}, exclusive: true}\n  - {devices: {product: \"*HBM3\"}, exclusive: true}\n",
         Some(2),
         None,
         "both match product \"NVIDIA H100 80GB HBM3\"",
@@ -326,6 +326,48 @@ fn bad_config_map_key() {
     );
 }
 
+/// What the stock NVIDIA device plugin (v0.20) cannot express is refused at validate time with
+/// its reason (nvidia-stack.md §1.2, §1.4).
+mod nvidia_plugin_limits {
+    use super::*;
+
+    #[test]
+    fn mps_beside_mig() {
+        assert_one_error(
+            "version: v1\nrules:\n  - {devices: [0], mig: {1g.10gb: 7}}\n  - {devices: [1], mps: {replicas: 4}}\n",
+            Some(2),
+            None,
+            "\"sharing using MPS is not supported for MIG devices\"",
+        );
+    }
+
+    #[test]
+    fn whole_gpus_shared_differently() {
+        assert_one_error(
+            "version: v1\nrules:\n  - {devices: [0, 1], timeSlicing: {replicas: 4}}\n  - {devices: [2, 3], timeSlicing: {replicas: 2}}\n",
+            Some(2),
+            None,
+            "the NVIDIA device plugin shares every whole GPU on a node the same way (it ignores per-resource `devices`, k8s-device-plugin v0.20), but this rule gives whole GPUs timeSlicing and rule 1 gives them timeSlicing",
+        );
+        assert_one_error(
+            "version: v1\nrules:\n  - {devices: [0], exclusive: true}\n  - {devices: [1], mps: {replicas: 4}}\n",
+            Some(2),
+            None,
+            "this rule gives whole GPUs mps and rule 1 gives them exclusive",
+        );
+    }
+
+    #[test]
+    fn one_mig_profile_with_two_replica_counts() {
+        assert_one_error(
+            "version: v1\nrules:\n  - {devices: [0], mig: {1g.10gb: 7}, timeSlicing: {replicas: 2}}\n  - {devices: [1], mig: {1g.10gb: 7}}\n",
+            Some(2),
+            None,
+            "1g.10gb devices are shared × 1 here but × 2 by rule 1: the NVIDIA device plugin takes one replica count per resource",
+        );
+    }
+}
+
 /// Problems only a concrete node can show are reported by `plan`, which changes nothing.
 mod on_a_node {
     use super::*;
@@ -368,9 +410,22 @@ mod on_a_node {
     }
 
     #[test]
+    fn a_time_sliced_rule_beside_gpus_no_rule_selects() {
+        // GPU 1 stays exclusive, but the NVIDIA plugin would time-slice it too.
+        let errors = plan_errors(
+            "version: v1\nrules: [{devices: [0], timeSlicing: {replicas: 4}}]\n",
+            &["h100x2"],
+        );
+        assert_eq!(
+            errors,
+            ["error: profile \"bad\": the NVIDIA device plugin shares every whole GPU on a node the same way (it ignores per-resource `devices`, k8s-device-plugin v0.20), but GPU 0 is time-sliced × 4 and GPU 1 is exclusive: give every whole GPU one mode"]
+        );
+    }
+
+    #[test]
     fn index_and_product_selectors_that_meet_on_one_gpu() {
         let errors = plan_errors(
-            "version: v1\nrules:\n  - {devices: [0], exclusive: true}\n  - {devices: {product: \"NVIDIA H100*\"}, timeSlicing: {replicas: 2}}\n",
+            "version: v1\nrules:\n  - {devices: [0], exclusive: true}\n  - {devices: {product: \"NVIDIA H100*\"}, exclusive: true}\n",
             &["h100x2"],
         );
         assert_eq!(errors.len(), 1);

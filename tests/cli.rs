@@ -25,7 +25,8 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("profiles/h100-balanced.yaml", "h100x8"),
     ("profiles/a100-40gb-mixed.yaml", "a100-40gbx8"),
     ("profiles/a100-80gb-single.yaml", "a100-80gbx4"),
-    ("profiles/h200-mig-mps.yaml", "h200x8"),
+    ("profiles/h200-mig-timeslice.yaml", "h200x8"),
+    ("profiles/h100-mps.yaml", "h100x4"),
     (
         "profiles/homelab-timeslice.yaml",
         "NVIDIA GeForce RTX 3090x2",

@@ -15,6 +15,7 @@ use tracing::{info, warn};
 
 pub use journal::Journal;
 
+use crate::device_plugin::{reload, write_if_changed, ReloadError, SignalTarget};
 use crate::gpu::{GpuError, Gpus, MigModeOutcome};
 use crate::mig::catalog;
 use crate::plan::{plan, steps, NodePlan, ObservedNode, Step};
@@ -27,6 +28,16 @@ pub struct ApplyOptions {
     pub state_dir: PathBuf,
     /// Skip the running-process check (the driver may still refuse with "In use").
     pub force: bool,
+    /// Where to write the NVIDIA device-plugin config, and how to make the plugin reload it.
+    pub device_plugin: Option<DevicePluginOutput>,
+}
+
+/// The device plugin's config file and its reload.
+#[derive(Debug, Clone)]
+pub struct DevicePluginOutput {
+    pub config_path: PathBuf,
+    /// `None`: write only (the plugin is restarted some other way).
+    pub reload: Option<SignalTarget>,
 }
 
 /// What an apply did.
@@ -41,6 +52,11 @@ pub struct ApplyReport {
     pub steps: Vec<Step>,
     /// GPUs whose MIG mode change waits for a GPU reset or reboot.
     pub reset_required: Vec<u32>,
+    /// Whether the device-plugin config file was rewritten (false: unchanged or not asked).
+    pub plugin_config_written: bool,
+    /// The PID of the device plugin that was sent SIGHUP.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin_reloaded: Option<i32>,
     pub plan: NodePlan,
 }
 
@@ -80,6 +96,13 @@ pub enum ApplyError {
     Verify(Vec<Step>),
     #[error("no interrupted apply to resume: the state dir {0} has no journal")]
     NothingToResume(String),
+    #[error("cannot write the device-plugin config {path}: {source}")]
+    PluginConfig {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Reload(#[from] ReloadError),
 }
 
 fn busy_message(busy: &[Busy]) -> String {
@@ -124,11 +147,14 @@ pub fn apply(
         interrupted: interrupted.map(|j| j.profile_name),
         steps: Vec::new(),
         reset_required: Vec::new(),
+        plugin_config_written: false,
+        plugin_reloaded: None,
         plan: node_plan,
     };
     if todo.is_empty() {
         info!(profile = name, "the GPUs already match the profile");
         remove_journal(opts)?;
+        publish_plugin_config(&mut report, opts)?;
         return Ok(report);
     }
     let mut journal = Journal {
@@ -156,7 +182,35 @@ pub fn apply(
     if report.reset_required.is_empty() {
         remove_journal(opts)?;
     }
+    publish_plugin_config(&mut report, opts)?;
     Ok(report)
+}
+
+/// Write the device-plugin config if it changed, then signal the plugin to reload it.
+fn publish_plugin_config(report: &mut ApplyReport, opts: &ApplyOptions) -> Result<(), ApplyError> {
+    let Some(out) = &opts.device_plugin else {
+        return Ok(());
+    };
+    let text = report
+        .plan
+        .device_plugin_config
+        .to_file_text(&report.profile);
+    report.plugin_config_written = write_if_changed(&out.config_path, &text).map_err(|source| {
+        ApplyError::PluginConfig {
+            path: out.config_path.display().to_string(),
+            source,
+        }
+    })?;
+    if !report.plugin_config_written {
+        return Ok(());
+    }
+    info!(path = %out.config_path.display(), "device-plugin config written");
+    if let Some(target) = &out.reload {
+        let pid = reload(target)?;
+        info!(pid, "device plugin signalled to reload (SIGHUP)");
+        report.plugin_reloaded = Some(pid);
+    }
+    Ok(())
 }
 
 /// Roll an interrupted apply forward to its profile, as recorded in the journal.

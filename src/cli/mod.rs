@@ -11,7 +11,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 
-use crate::apply::{apply, resume, ApplyError, ApplyOptions};
+use crate::apply::{apply, resume, ApplyError, ApplyOptions, DevicePluginOutput};
+use crate::device_plugin::SignalTarget;
 use crate::gpu::Gpus;
 use crate::mig::catalog;
 use crate::plan::{plan, ObservedNode};
@@ -48,6 +49,20 @@ enum Command {
     Apply(ApplyArgs),
     /// Show the GPUs: MIG mode, instances and placements, MIG device UUIDs, processes.
     Status(StatusArgs),
+    /// Check the GPU stack bottom-up (driver, NVML, profile needs, container runtime, device
+    /// plugin, CUDA) and stop at the first broken layer with what to fix.
+    #[command(after_help = crate::doctor::EXIT_CODES)]
+    Doctor(DoctorArgs),
+}
+
+#[derive(Args, Debug)]
+struct DoctorArgs {
+    #[command(flatten)]
+    checks: crate::doctor::DoctorOptions,
+    #[command(flatten)]
+    nvml: NvmlArgs,
+    #[command(flatten)]
+    out: OutputArgs,
 }
 
 #[derive(Args, Debug)]
@@ -79,9 +94,47 @@ struct ApplyArgs {
     #[arg(long)]
     force: bool,
     #[command(flatten)]
+    plugin: PluginArgs,
+    #[command(flatten)]
     nvml: NvmlArgs,
     #[command(flatten)]
     out: OutputArgs,
+}
+
+/// The NVIDIA device plugin's config file and how to make it reload.
+#[derive(Args, Debug)]
+struct PluginArgs {
+    /// The device plugin's config file (its CONFIG_FILE). `apply` writes it when it changes;
+    /// `plan` shows the difference.
+    #[arg(long, env = "GPU_SHARE_PLUGIN_CONFIG")]
+    plugin_config: Option<PathBuf>,
+    /// Send SIGHUP to the PID in this file after writing the config.
+    #[arg(long, env = "GPU_SHARE_PLUGIN_PID_FILE", conflicts_with = "plugin_process")]
+    plugin_pid_file: Option<PathBuf>,
+    /// Send SIGHUP to the process with this argv[0] (needs a shared process namespace),
+    /// e.g. nvidia-device-plugin.
+    #[arg(long, env = "GPU_SHARE_PLUGIN_PROCESS")]
+    plugin_process: Option<String>,
+    /// Where to look for --plugin-process.
+    #[arg(long, default_value = "/proc", hide = true)]
+    proc_root: PathBuf,
+}
+
+impl PluginArgs {
+    fn output(&self) -> Option<DevicePluginOutput> {
+        let reload = match (&self.plugin_pid_file, &self.plugin_process) {
+            (Some(file), _) => Some(SignalTarget::PidFile(file.clone())),
+            (None, Some(name)) => Some(SignalTarget::ProcessName {
+                name: name.clone(),
+                proc_root: self.proc_root.clone(),
+            }),
+            (None, None) => None,
+        };
+        self.plugin_config.as_ref().map(|path| DevicePluginOutput {
+            config_path: path.clone(),
+            reload,
+        })
+    }
 }
 
 #[derive(Args, Debug)]
@@ -130,6 +183,9 @@ struct PlanArgs {
     /// An observed node state (YAML or JSON, as `gpu-share status --output json` prints it).
     #[arg(long)]
     current: Option<PathBuf>,
+    /// The device plugin's current config file, to show what would change in it.
+    #[arg(long, env = "GPU_SHARE_PLUGIN_CONFIG")]
+    plugin_config: Option<PathBuf>,
     #[command(flatten)]
     out: OutputArgs,
 }
@@ -168,6 +224,15 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             emit(args.out.output, &node, render::status)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Doctor(args) => {
+            let c = &args.checks;
+            let profile = (c.profile.as_deref())
+                .map(|p| pick_profile(p, c.key.as_deref()))
+                .transpose()?;
+            let report = crate::doctor::run(c, args.nvml.nvml_lib.as_deref(), profile.as_ref());
+            emit(args.out.output, &report, crate::doctor::render_text)?;
+            Ok(ExitCode::from(report.exit_code()))
+        }
     }
 }
 
@@ -191,6 +256,7 @@ fn run_apply(args: &ApplyArgs) -> Result<ExitCode> {
     let opts = ApplyOptions {
         state_dir: args.state_dir.clone(),
         force: args.force,
+        device_plugin: args.plugin.output(),
     };
     let result = match &args.profile {
         Some(path) => {
@@ -266,7 +332,13 @@ fn run_plan(args: &PlanArgs) -> Result<ExitCode> {
     };
     match plan(&named.name, &profile, &node) {
         Ok(plan) => {
-            emit(args.out.output, &plan, |p| render::plan(p, simulated))?;
+            let current = match &args.plugin_config {
+                Some(path) => Some((path.clone(), std::fs::read_to_string(path).ok())),
+                None => None,
+            };
+            emit(args.out.output, &plan, |p| {
+                render::plan(p, simulated) + &render::plugin_config(p, current.as_ref())
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         Err(problems) => report_problems(args.out.output, &problems),

@@ -197,6 +197,40 @@ pub(super) fn catalog(models: &Vec<GpuModel>) -> String {
     out
 }
 
+/// The device-plugin config the plan would write, or its difference from the file there now.
+pub(super) fn plugin_config(
+    plan: &NodePlan,
+    current: Option<&(std::path::PathBuf, Option<String>)>,
+) -> String {
+    let new = plan.device_plugin_config.to_file_text(&plan.profile);
+    let mut out = String::from("\nNVIDIA device-plugin config");
+    match current {
+        None => {
+            out.push_str(":\n");
+            for line in new.lines() {
+                let _ = writeln!(out, "  {line}");
+            }
+        }
+        Some((path, Some(old))) if *old == new => {
+            let _ = writeln!(out, " {}: unchanged", path.display());
+        }
+        Some((path, old)) => {
+            let old = old.as_deref().unwrap_or("");
+            let _ = writeln!(out, " {}: would change", path.display());
+            let diff = similar::TextDiff::from_lines(old, &new);
+            let header_old = path.display().to_string();
+            let _ = write!(
+                out,
+                "{}",
+                diff.unified_diff()
+                    .context_radius(3)
+                    .header(&header_old, "planned")
+            );
+        }
+    }
+    out
+}
+
 pub(super) fn applied(report: &ApplyReport) -> String {
     let mut out = String::new();
     if let Some(old) = &report.interrupted {
@@ -229,6 +263,15 @@ pub(super) fn applied(report: &ApplyReport) -> String {
             ""
         }
     );
+    if report.plugin_config_written {
+        out.push_str("device-plugin config written");
+        match report.plugin_reloaded {
+            Some(pid) => {
+                let _ = writeln!(out, "; plugin (PID {pid}) signalled to reload");
+            }
+            None => out.push('\n'),
+        }
+    }
     out
 }
 

@@ -100,6 +100,11 @@ impl Gpus {
         self.nvml.sys_driver_version().ok()
     }
 
+    /// The newest CUDA version the driver supports, as NVML reports it (major*1000 + minor*10).
+    pub fn cuda_driver_version(&self) -> Option<i32> {
+        self.nvml.sys_cuda_driver_version().ok()
+    }
+
     fn device(&self, index: u32) -> Result<Device<'_>, GpuError> {
         self.nvml
             .device_by_index(index)

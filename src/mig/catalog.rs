@@ -116,7 +116,7 @@ impl GpuInstanceProfile {
     /// The extended resource the device plugin advertises for this profile under the `mixed`
     /// strategy: `nvidia.com/mig-<name>` with `+` replaced by `.` (k8s-device-plugin v0.20).
     pub fn resource_name(&self) -> String {
-        format!("nvidia.com/mig-{}", self.name.replace('+', "."))
+        resource_name(&self.name)
     }
 
     /// `+me.all` profiles take every media engine: nvml.h says such an instance "prevents
@@ -213,6 +213,12 @@ fn same_name(a: &str, b: &str) -> bool {
         }
     }
     strip(a).eq_ignore_ascii_case(strip(b))
+}
+
+/// The `mixed`-strategy resource of a MIG profile: `nvidia.com/mig-<name>`, `+` replaced by
+/// `.` (k8s-device-plugin v0.20, nvidia-stack.md §1.3).
+pub fn resource_name(profile: &str) -> String {
+    format!("nvidia.com/mig-{}", profile.replace('+', "."))
 }
 
 /// Every MIG-capable model we know and the compute-instance profile sets they share.

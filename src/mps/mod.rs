@@ -2,6 +2,9 @@
 //! on active threads and pinned device memory. This module owns the `mps` block's validation and
 //! how its limits are derived.
 
+pub mod daemon;
+
+use crate::plan::PlannedMode;
 use crate::profile::Mps;
 
 /// The MPS server accepts at most 48 clients per device on compute capability >= 7.5 (16 on
@@ -51,6 +54,17 @@ impl PinnedMemoryLimit {
             PinnedMemoryLimit::Auto => gpu_memory_mib / replicas.max(1),
             PinnedMemoryLimit::Mib(m) => m,
         }
+    }
+}
+
+/// This mode's entries in the device plugin's `sharing.mps.resources`: MPS only shares whole
+/// GPUs (the NVIDIA plugin refuses MIG devices), advertised as `nvidia.com/gpu`.
+pub fn plugin_resources(mode: &PlannedMode) -> Vec<(String, u64)> {
+    match mode {
+        PlannedMode::Mps { replicas, .. } => {
+            vec![(crate::timeslice::GPU_RESOURCE.to_string(), *replicas)]
+        }
+        _ => Vec::new(),
     }
 }
 

@@ -11,6 +11,7 @@ use serde::Serialize;
 pub use observed::{MigMode, ObservedGpu, ObservedNode};
 pub use steps::{steps, Step};
 
+use crate::device_plugin::{self, PluginConfig};
 use crate::mig::{self, catalog, Geometry, GpuModel};
 use crate::mps::{parse_pinned_memory_limit, PinnedMemoryLimit};
 use crate::profile::{
@@ -29,6 +30,8 @@ pub struct NodePlan {
     pub gpus: Vec<GpuPlan>,
     /// Extended resources the node advertises once applied, name → count.
     pub resources: BTreeMap<String, u64>,
+    /// The NVIDIA device-plugin config that advertises them.
+    pub device_plugin_config: PluginConfig,
     pub warnings: Vec<Problem>,
 }
 
@@ -159,6 +162,15 @@ pub fn plan(name: &str, profile: &Profile, node: &ObservedNode) -> Result<NodePl
             ),
         ));
     }
+    let device_plugin_config =
+        device_plugin::render(&gpus, strategy, profile, device_plugin::DEFAULT_MPS_ROOT).map_err(
+            |refusals| {
+                refusals
+                    .into_iter()
+                    .map(|r| Problem::error(name, r))
+                    .collect::<Vec<_>>()
+            },
+        )?;
     let mut resources = BTreeMap::new();
     for g in &gpus {
         for (r, n) in &g.resources {
@@ -171,6 +183,7 @@ pub fn plan(name: &str, profile: &Profile, node: &ObservedNode) -> Result<NodePl
         mig_strategy_derived: profile.plugin.mig_strategy.is_none(),
         gpus,
         resources,
+        device_plugin_config,
         warnings: problems,
     })
 }

@@ -31,6 +31,7 @@ pub fn validate(name: &str, profile: &Profile) -> Vec<Problem> {
     }
     problems.extend(overlapping_selectors(name, &profile.rules));
     problems.extend(check_mig_strategy(name, profile));
+    problems.extend(crate::device_plugin::check_profile(name, profile));
     problems
 }
 

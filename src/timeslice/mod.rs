@@ -2,7 +2,8 @@
 //! the pods that land on it. No memory or fault isolation; this module owns its validation and
 //! its share of the advertised resources.
 
-use crate::profile::TimeSlicing;
+use crate::plan::PlannedMode;
+use crate::profile::{MigStrategy, TimeSlicing};
 
 /// The NVIDIA device plugin refuses `replicas < 2` ("number of replicas must be >= 2"); one
 /// replica is not sharing, so a profile says `exclusive: true` instead.
@@ -28,6 +29,30 @@ pub fn validate(ts: &TimeSlicing) -> Vec<String> {
 pub fn replicas(ts: Option<&TimeSlicing>) -> u64 {
     ts.map_or(1, |t| t.replicas.max(1) as u64)
 }
+
+/// This mode's entries in the device plugin's `sharing.timeSlicing.resources`: the resource a
+/// GPU's devices are advertised under, and its replicas. Whole GPUs are `nvidia.com/gpu`; time-
+/// sliced MIG devices are their profile's resource (`nvidia.com/gpu` under `single`).
+pub fn plugin_resources(mode: &PlannedMode, strategy: MigStrategy) -> Vec<(String, u64)> {
+    match mode {
+        PlannedMode::TimeSlicing { replicas } => vec![(GPU_RESOURCE.to_string(), *replicas)],
+        PlannedMode::Mig {
+            instances,
+            replicas,
+        } if *replicas > 1 => instances
+            .keys()
+            .map(|p| match strategy {
+                MigStrategy::Single => GPU_RESOURCE.to_string(),
+                _ => crate::mig::catalog::resource_name(p),
+            })
+            .map(|name| (name, *replicas))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The resource whole GPUs are advertised under.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
 #[cfg(test)]
 mod tests {

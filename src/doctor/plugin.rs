@@ -1,0 +1,212 @@
+//! Layer 5, the device plugin: the kubelet's device-plugin directory holds `kubelet.sock` and
+//! one socket per resource the plugin serves, `nvidia-<name after "nvidia.com/">.sock`
+//! (`nvidia-gpu.sock`, `nvidia-mig-1g.10gb.sock`). A socket file nobody listens on is stale.
+//! Whether the node's allocatable resources match is for the API server to say: not checked yet.
+
+use std::io::ErrorKind;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use super::profile::resources;
+use super::{Check, Ctx, Facts};
+
+const NAME: &str = "device-plugin";
+
+/// The kubelet socket file of the device plugin serving `resource` (`nvidia.com/gpu` →
+/// `nvidia-gpu.sock`).
+fn socket_name(resource: &str) -> String {
+    format!(
+        "nvidia-{}.sock",
+        resource.strip_prefix("nvidia.com/").unwrap_or(resource)
+    )
+}
+
+/// What is at a socket path.
+#[derive(Debug, PartialEq, Eq)]
+enum Socket {
+    Listening,
+    /// A socket file, but connecting is refused: whoever made it is gone.
+    Stale,
+    WrongType,
+    Missing,
+}
+
+fn probe(path: &Path) -> Socket {
+    match std::fs::metadata(path) {
+        Err(_) => Socket::Missing,
+        Ok(m) if !m.file_type().is_socket() => Socket::WrongType,
+        Ok(_) => match UnixStream::connect(path) {
+            Ok(_) => Socket::Listening,
+            // A listener whose backlog is full is alive.
+            Err(e) if e.kind() == ErrorKind::WouldBlock => Socket::Listening,
+            Err(_) => Socket::Stale,
+        },
+    }
+}
+
+pub(super) fn check(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
+    let dir = &ctx.paths.device_plugin_dir;
+    let kubelet = dir.join("kubelet.sock");
+    let mut check = Check::new(NAME, "");
+    match probe(&kubelet) {
+        Socket::Listening => {}
+        Socket::Missing => {
+            return Check::failed(
+                NAME,
+                format!("{} does not exist: the kubelet is not running here", kubelet.display()),
+                "start the kubelet (`systemctl status kubelet`, `journalctl -u kubelet`); a kubelet \
+                 with another --root-dir keeps its sockets elsewhere: point --device-plugin-dir there",
+            )
+        }
+        other => {
+            return Check::failed(
+                NAME,
+                format!("{} is {}: the kubelet is not listening", kubelet.display(), describe(&other)),
+                "restart the kubelet (`sudo systemctl restart kubelet`)",
+            )
+        }
+    }
+    let present: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter(|n| n.starts_with("nvidia") && n.ends_with(".sock"))
+        .collect();
+    let wanted: Vec<(String, u64)> = match &facts.plan {
+        Some(plan) => plan
+            .resources
+            .iter()
+            .map(|(r, n)| (r.clone(), *n))
+            .collect(),
+        None => Vec::new(),
+    };
+    if wanted.is_empty() {
+        // No profile: any NVIDIA plugin socket will do.
+        let mut live = Vec::new();
+        for name in &present {
+            match probe(&dir.join(name)) {
+                Socket::Listening => live.push(name.clone()),
+                other => check.warn(
+                    format!("{name} is {}", describe(&other)),
+                    "remove it; the plugin recreates its sockets when it starts",
+                ),
+            }
+        }
+        check.found = format!(
+            "kubelet.sock listening in {}; NVIDIA plugin sockets: {}",
+            dir.display(),
+            if live.is_empty() {
+                "none".into()
+            } else {
+                live.join(", ")
+            }
+        );
+        if live.is_empty() {
+            check.fail(
+                "no NVIDIA device plugin is registered with the kubelet",
+                "deploy the NVIDIA device plugin (or the GPU Operator) and look at its pod's log \
+                 (`kubectl -n <namespace> logs <nvidia-device-plugin pod>`)",
+            );
+        }
+        return check;
+    }
+    let mut ok = Vec::new();
+    for (resource, count) in &wanted {
+        let name = socket_name(resource);
+        match probe(&dir.join(&name)) {
+            Socket::Listening => ok.push(name),
+            other => check.fail(
+                format!(
+                    "{resource} ({count} in the profile): {name} is {}",
+                    describe(&other)
+                ),
+                "look at the device plugin pod's log: it serves only the resources it finds, so \
+                 MIG resources need the instances (`gpu-share apply`) and migStrategy mixed, and \
+                 shared ones need its sharing config; restart the pod once they are there",
+            ),
+        }
+    }
+    let expected: Vec<String> = wanted.iter().map(|(r, _)| socket_name(r)).collect();
+    let extra: Vec<&String> = present.iter().filter(|p| !expected.contains(p)).collect();
+    check.found = format!(
+        "kubelet.sock listening in {}; the profile's resources ({}) need {}; listening: {}",
+        dir.display(),
+        resources(&wanted.iter().cloned().collect()),
+        expected.join(", "),
+        if ok.is_empty() {
+            "none".into()
+        } else {
+            ok.join(", ")
+        }
+    );
+    if !extra.is_empty() {
+        check.details.push(format!(
+            "also present, not in the profile: {}",
+            extra
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    check
+}
+
+fn describe(s: &Socket) -> &'static str {
+    match s {
+        Socket::Listening => "listening",
+        Socket::Stale => "a stale socket (nothing listens)",
+        Socket::WrongType => "not a socket",
+        Socket::Missing => "missing",
+    }
+}
+
+/// The allocatable check needs the API server; there is no Kubernetes client yet.
+pub(super) fn allocatable(_ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
+    let expect = facts.plan.as_ref().map_or_else(String::new, |p| {
+        format!(" (the profile expects {})", resources(&p.resources))
+    });
+    Check::skip(
+        "allocatable",
+        format!(
+            "not checked: comparing the node's allocatable resources with the plugin's needs \
+             the API server, and gpu-share has no Kubernetes client yet; by hand: `kubectl get \
+             node <node> -o jsonpath='{{.status.allocatable}}'`{expect}"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_names_follow_the_plugin() {
+        assert_eq!(socket_name("nvidia.com/gpu"), "nvidia-gpu.sock");
+        assert_eq!(
+            socket_name("nvidia.com/mig-1g.10gb"),
+            "nvidia-mig-1g.10gb.sock"
+        );
+        assert_eq!(
+            socket_name("nvidia.com/gpu.shared"),
+            "nvidia-gpu.shared.sock"
+        );
+    }
+
+    #[test]
+    fn tells_live_stale_and_missing_sockets_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let live = dir.path().join("live.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&live).unwrap();
+        let stale = dir.path().join("stale.sock");
+        drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+        let file = dir.path().join("file.sock");
+        std::fs::write(&file, "").unwrap();
+        assert_eq!(probe(&live), Socket::Listening);
+        assert_eq!(probe(&stale), Socket::Stale);
+        assert_eq!(probe(&file), Socket::WrongType);
+        assert_eq!(probe(&dir.path().join("none.sock")), Socket::Missing);
+    }
+}

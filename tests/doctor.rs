@@ -1,0 +1,553 @@
+//! `gpu-share doctor` run as a user runs it, against fixture trees (`--root`) holding
+//! `/proc/driver/nvidia/version`, device nodes, containerd's config, CDI specs and live kubelet
+//! sockets, with the fake `libnvidia-ml.so` (tests/fake-nvml) as NVML: one test per layer that
+//! can fail, a healthy node and a Jetson.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use nvidia_ml::{cdylib_path, Gpu, State};
+use serde_json::Value;
+
+const PLUGINS: &str = "var/lib/kubelet/device-plugins";
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/doctor")
+        .join(name)
+}
+
+fn profile(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// A node as files under a temporary root, plus the fake NVML's state.
+struct Node {
+    dir: tempfile::TempDir,
+    /// Listeners behind the sockets, kept open so the sockets are live.
+    listeners: Vec<UnixListener>,
+}
+
+impl Node {
+    /// Nothing at all: no driver, no containerd, no kubelet.
+    fn bare() -> Node {
+        let node = Node {
+            dir: tempfile::tempdir().unwrap(),
+            listeners: Vec::new(),
+        };
+        std::fs::create_dir_all(node.root()).unwrap();
+        node
+    }
+
+    /// Everything in order for these GPUs: driver 580.65.06 (module and NVML), their device
+    /// nodes, containerd with the NVIDIA runtime as default, the kubelet and a plugin serving
+    /// `sockets`.
+    fn healthy(gpus: Vec<Gpu>, sockets: &[&str]) -> Node {
+        let mut node = Node::bare();
+        node.copy("proc-version-580", "proc/driver/nvidia/version");
+        node.file("dev/nvidiactl", "");
+        node.file("dev/nvidia-uvm", "");
+        for i in 0..gpus.len() {
+            node.file(&format!("dev/nvidia{i}"), "");
+        }
+        node.copy("containerd-v3-nvidia.toml", "etc/containerd/config.toml");
+        node.executable("usr/bin/nvidia-container-runtime");
+        node.listen(&format!("{PLUGINS}/kubelet.sock"));
+        for s in sockets {
+            node.listen(&format!("{PLUGINS}/{s}"));
+        }
+        node.nvml(State::with_gpus(gpus));
+        node
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    fn state_file(&self) -> PathBuf {
+        self.dir.path().join("nvml-state.json")
+    }
+
+    fn nvml(&self, state: State) {
+        state.write_to(self.state_file()).unwrap();
+    }
+
+    fn file(&self, rel: &str, content: &str) {
+        let p = self.root().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+
+    fn copy(&self, fixture: &str, rel: &str) {
+        self.file(rel, &std::fs::read_to_string(data(fixture)).unwrap());
+    }
+
+    fn executable(&self, rel: &str) {
+        self.file(rel, "#!/bin/sh\n");
+        let p = self.root().join(rel);
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    fn remove(&self, rel: &str) {
+        std::fs::remove_file(self.root().join(rel)).unwrap();
+    }
+
+    fn listen(&mut self, rel: &str) {
+        let p = self.root().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        self.listeners.push(UnixListener::bind(p).unwrap());
+    }
+
+    /// `gpu-share doctor --root <root> <args>` with the fake NVML.
+    fn doctor_with(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-share"));
+        cmd.arg("doctor")
+            .arg("--root")
+            .arg(self.root())
+            .args(args)
+            .env("GPU_SHARE_NVML_LIB", cdylib_path())
+            .env("FAKE_NVML_STATE", self.state_file())
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("RUST_LOG", "warn");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("run gpu-share doctor")
+    }
+
+    /// The JSON report and the exit code.
+    fn doctor(&self, args: &[&str]) -> (Report, i32) {
+        self.doctor_env(args, &[])
+    }
+
+    fn doctor_env(&self, args: &[&str], env: &[(&str, &str)]) -> (Report, i32) {
+        let mut all = vec!["-o", "json"];
+        all.extend_from_slice(args);
+        let out = self.doctor_with(&all, env);
+        let json: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out)));
+        (Report(json), out.status.code().unwrap())
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+struct Report(Value);
+
+impl Report {
+    fn check(&self, name: &str) -> &Value {
+        self.0["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no check {name}: {}", self.0))
+    }
+
+    fn status(&self, name: &str) -> &str {
+        self.check(name)["status"].as_str().unwrap()
+    }
+
+    /// Found, details and fixes of a check, as one string to search.
+    fn said(&self, name: &str) -> String {
+        self.check(name).to_string()
+    }
+
+    fn statuses(&self) -> Vec<(String, String)> {
+        self.0["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap().to_string(),
+                    c["status"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// `name` failed, everything before it is not a failure and everything after is skipped.
+    fn assert_failed_at(&self, name: &str) {
+        assert_eq!(self.0["status"], "fail", "{}", self.0);
+        assert_eq!(self.0["failedAt"], name, "{}", self.0);
+        let mut after = false;
+        for (n, s) in self.statuses() {
+            if n == name {
+                assert_eq!(s, "fail", "{}", self.0);
+                after = true;
+            } else if after {
+                assert_eq!(s, "skip", "{n} after {name}: {}", self.0);
+            } else {
+                assert_ne!(s, "fail", "{n} before {name}: {}", self.0);
+            }
+        }
+    }
+}
+
+fn h100x2() -> Vec<Gpu> {
+    vec![Gpu::mig("h100"), Gpu::mig("h100")]
+}
+
+#[test]
+fn healthy_node_passes_every_layer() {
+    // GPU 0 already holds the profile's seven 1g.10gb instances; GPU 1 is time-sliced.
+    let mut gpu0 = Gpu::mig("h100").mig_enabled();
+    for _ in 0..7 {
+        let gi = gpu0.create_gpu_instance(19, None).unwrap();
+        gpu0.create_compute_instance(gi, 0).unwrap();
+    }
+    let node = Node::healthy(
+        vec![gpu0, Gpu::mig("h100")],
+        &["nvidia-gpu.sock", "nvidia-mig-1g.10gb.sock"],
+    );
+    let args = [
+        "--profile",
+        &profile("tests/data/doctor/mig-and-timeslice.yaml"),
+        "--cuda",
+        "12.4",
+    ];
+    let (r, code) = node.doctor(&args);
+    assert_eq!(code, 0, "{}", r.0);
+    for (name, status) in r.statuses() {
+        let want = if name == "allocatable" { "skip" } else { "ok" };
+        assert_eq!(status, want, "{name}: {}", r.0);
+    }
+    assert!(r.said("driver").contains("580.65.06 (open)"), "{}", r.0);
+    assert!(r.said("nvml").contains("2 GPUs readable"), "{}", r.0);
+    assert!(r.said("device-plugin").contains("nvidia-mig-1g.10gb.sock"));
+    // The allocatable check is said to be skipped, never passed.
+    assert!(r.said("allocatable").contains("not checked"));
+    assert!(r.said("cuda").contains("Corresponding Driver Versions"));
+
+    // Text: one line per check, status first.
+    let out = node.doctor_with(&args, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    for name in [
+        "driver",
+        "nvml",
+        "profile",
+        "container-runtime",
+        "device-plugin",
+        "cuda",
+    ] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("ok") && l.contains(name)),
+            "{name}:\n{stdout}"
+        );
+    }
+    assert!(stdout.lines().any(|l| l.starts_with("skip  allocatable")));
+}
+
+#[test]
+fn no_driver_fails_at_the_driver_and_checks_nothing_above() {
+    let node = Node::bare();
+    node.nvml(State::with_gpus(h100x2()));
+    let (r, code) = node.doctor(&[]);
+    assert_eq!(code, 1, "{}", r.0);
+    r.assert_failed_at("driver");
+    assert!(
+        r.said("driver").contains("no NVIDIA kernel module"),
+        "{}",
+        r.0
+    );
+    assert!(r.said("driver").contains("modprobe nvidia"));
+}
+
+#[test]
+fn missing_device_nodes_fail_the_driver_layer() {
+    let node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
+    node.remove("dev/nvidiactl");
+    let (r, code) = node.doctor(&[]);
+    assert_eq!(code, 1, "{}", r.0);
+    r.assert_failed_at("driver");
+    assert!(r.said("driver").contains("nvidiactl"), "{}", r.0);
+}
+
+#[test]
+fn driver_library_mismatch_fails_at_nvml() {
+    let node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
+    let mut state = State::with_gpus(h100x2());
+    state.driver_version = "575.57.08".into();
+    node.nvml(state);
+    let (r, code) = node.doctor(&[]);
+    assert_eq!(code, 1, "{}", r.0);
+    r.assert_failed_at("nvml");
+    let said = r.said("nvml");
+    assert!(said.contains("Driver/library version mismatch"), "{said}");
+    assert!(
+        said.contains("580.65.06") && said.contains("575.57.08"),
+        "{said}"
+    );
+    assert!(said.contains("reboot"), "{said}");
+}
+
+#[test]
+fn missing_nvml_fails_at_nvml() {
+    let node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
+    let (r, code) = node.doctor_env(
+        &[],
+        &[("GPU_SHARE_NVML_LIB", "/nonexistent/libnvidia-ml.so.1")],
+    );
+    assert_eq!(code, 1, "{}", r.0);
+    r.assert_failed_at("nvml");
+    let said = r.said("nvml");
+    assert!(said.contains("NVML library not found"), "{said}");
+    assert!(said.contains("libnvidia-compute-580"), "{said}");
+}
+
+#[test]
+fn mig_profile_on_a_gpu_without_mig_fails_at_profile() {
+    let node = Node::healthy(
+        vec![Gpu::non_mig("NVIDIA GeForce RTX 3090", 24576)],
+        &["nvidia-gpu.sock"],
+    );
+    let (r, code) = node.doctor(&[
+        "--profile",
+        &profile("tests/data/doctor/mig-everywhere.yaml"),
+    ]);
+    assert_eq!(code, 1, "{}", r.0);
+    r.assert_failed_at("profile");
+    let said = r.said("profile");
+    assert!(said.contains("cannot run MIG"), "{said}");
+    assert!(
+        said.contains("cannot do MIG: give it timeSlicing or mps"),
+        "{said}"
+    );
+}
+
+#[test]
+fn a_driver_too_old_for_mig_on_the_model_fails_at_profile() {
+    let node = Node::healthy(h100x2(), &["nvidia-mig-1g.10gb.sock"]);
+    node.file(
+        "proc/driver/nvidia/version",
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  520.61.05  Thu Sep 29 05:30:25 UTC 2022\n",
+    );
+    let mut state = State::with_gpus(h100x2());
+    state.driver_version = "520.61.05".into();
+    state.cuda_version = 11080;
+    node.nvml(state);
+    let (r, code) = node.doctor(&[
+        "--profile",
+        &profile("tests/data/doctor/mig-everywhere.yaml"),
+    ]);
+    assert_eq!(code, 1, "{}", r.0);
+    r.assert_failed_at("profile");
+    let said = r.said("profile");
+    assert!(said.contains("needs driver ≥ 525.85.12"), "{said}");
+    assert!(said.contains("this node runs 520.61.05"), "{said}");
+}
+
+#[test]
+fn mps_without_its_control_daemon_fails_at_profile() {
+    let node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
+    let mps = profile("profiles/h100-mps.yaml");
+    let (r, code) = node.doctor(&["--profile", &mps]);
+    assert_eq!(code, 1, "{}", r.0);
+    r.assert_failed_at("profile");
+    let said = r.said("profile");
+    assert!(
+        said.contains("nvidia-cuda-mps-control is not found on PATH"),
+        "{said}"
+    );
+
+    // Present but not executable.
+    node.file("usr/bin/nvidia-cuda-mps-control", "");
+    let (r, _) = node.doctor(&["--profile", &mps]);
+    assert_eq!(r.status("profile"), "fail");
+    assert!(r.said("profile").contains("not executable"), "{}", r.0);
+
+    // Executable: the layer passes and names it.
+    node.executable("usr/bin/nvidia-cuda-mps-control");
+    let (r, code) = node.doctor(&["--profile", &mps]);
+    assert_eq!(code, 0, "{}", r.0);
+    assert_eq!(r.status("profile"), "ok", "{}", r.0);
+    assert!(r
+        .said("profile")
+        .contains("usr/bin/nvidia-cuda-mps-control"));
+}
+
+#[test]
+fn containerd_without_the_nvidia_runtime_fails_at_container_runtime() {
+    let node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
+    node.copy("containerd-v2-runc.toml", "etc/containerd/config.toml");
+    let (r, code) = node.doctor(&[]);
+    assert_eq!(code, 1, "{}", r.0);
+    r.assert_failed_at("container-runtime");
+    let said = r.said("container-runtime");
+    assert!(
+        said.contains("no NVIDIA runtime (runtimes: runc)"),
+        "{said}"
+    );
+    assert!(
+        said.contains("nvidia-ctk runtime configure --runtime=containerd"),
+        "{said}"
+    );
+
+    // With a CDI spec for nvidia.com/gpu it is a warning, not a failure.
+    node.copy("cdi-nvidia.yaml", "var/run/cdi/nvidia.yaml");
+    let (r, code) = node.doctor(&[]);
+    assert_eq!(code, 0, "{}", r.0);
+    assert_eq!(r.status("container-runtime"), "warn");
+    assert!(r
+        .said("container-runtime")
+        .contains("nvidia.com/gpu: 0, all"));
+}
+
+#[test]
+fn a_runtime_in_a_drop_in_counts_only_when_imported() {
+    let node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
+    node.copy("containerd-v2-runc.toml", "etc/containerd/config.toml");
+    node.copy(
+        "conf.d-99-nvidia.toml",
+        "etc/containerd/conf.d/99-nvidia.toml",
+    );
+    let (r, code) = node.doctor(&[]);
+    assert_eq!(code, 1, "{}", r.0);
+    r.assert_failed_at("container-runtime");
+    assert!(r.said("container-runtime").contains("imports"), "{}", r.0);
+
+    node.copy("containerd-v2-imports.toml", "etc/containerd/config.toml");
+    let (r, code) = node.doctor(&[]);
+    assert_eq!(code, 0, "{}", r.0);
+    assert_eq!(r.status("container-runtime"), "ok", "{}", r.0);
+    assert!(r
+        .said("container-runtime")
+        .contains("default runtime: nvidia"));
+}
+
+#[test]
+fn no_plugin_socket_fails_at_device_plugin() {
+    let node = Node::healthy(h100x2(), &[]);
+    let (r, code) = node.doctor(&[]);
+    assert_eq!(code, 1, "{}", r.0);
+    r.assert_failed_at("device-plugin");
+    assert!(
+        r.said("device-plugin").contains("no NVIDIA device plugin"),
+        "{}",
+        r.0
+    );
+    // The allocatable check still says why it is not done.
+    assert!(r.said("allocatable").contains("API server"));
+
+    // With a profile, the missing resource's socket is named.
+    let mut node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
+    node.listen(&format!("{PLUGINS}/unrelated.sock"));
+    let mixed = profile("tests/data/doctor/mig-and-timeslice.yaml");
+    let (r, code) = node.doctor(&["--profile", &mixed]);
+    assert_eq!(code, 1, "{}", r.0);
+    r.assert_failed_at("device-plugin");
+    let said = r.said("device-plugin");
+    assert!(
+        said.contains("nvidia-mig-1g.10gb.sock is missing"),
+        "{said}"
+    );
+    // The GPUs don't match the profile yet: a warning at the profile layer.
+    assert_eq!(r.status("profile"), "warn");
+    assert!(r.said("profile").contains("gpu-share apply --profile"));
+}
+
+#[test]
+fn a_cuda_too_new_for_the_driver_fails_at_cuda() {
+    let node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
+    node.file(
+        "proc/driver/nvidia/version",
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n",
+    );
+    let mut state = State::with_gpus(h100x2());
+    state.driver_version = "535.104.05".into();
+    state.cuda_version = 12020;
+    node.nvml(state);
+
+    let (r, code) = node.doctor(&["--cuda", "13.0"]);
+    assert_eq!(code, 1, "{}", r.0);
+    r.assert_failed_at("cuda");
+    let said = r.said("cuda");
+    assert!(said.contains("needs driver ≥ 580.65.06"), "{said}");
+    assert!(said.contains("CUDA Toolkit release notes"), "{said}");
+
+    // Same major release: minor version compatibility, a warning.
+    let (r, code) = node.doctor(&["--cuda", "12.4"]);
+    assert_eq!(code, 0, "{}", r.0);
+    assert_eq!(r.status("cuda"), "warn");
+    assert!(r.said("cuda").contains("minor version compatibility"));
+
+    // Older CUDA on a newer driver is fine.
+    let (r, _) = node.doctor(&["--cuda", "11.8"]);
+    assert_eq!(r.status("cuda"), "ok", "{}", r.0);
+
+    // A malformed version is a usage error.
+    let out = node.doctor_with(&["--cuda", "twelve"], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+#[test]
+fn jetson_is_recognised_and_nvml_is_skipped_with_a_warning() {
+    let mut node = Node::bare();
+    node.copy("nv_tegra_release", "etc/nv_tegra_release");
+    node.file(
+        "proc/device-tree/compatible",
+        "nvidia,p3768-0000+p3767-0005\0nvidia,p3767-0005\0nvidia,tegra234\0",
+    );
+    node.file(
+        "proc/device-tree/model",
+        "NVIDIA Jetson Orin Nano Developer Kit\0",
+    );
+    node.copy("containerd-v3-nvidia.toml", "etc/containerd/config.toml");
+    node.executable("usr/bin/nvidia-container-runtime");
+    node.listen(&format!("{PLUGINS}/kubelet.sock"));
+    node.listen(&format!("{PLUGINS}/nvidia-gpu.sock"));
+    // No NVML at all: the doctor must not need it.
+    let env = [("GPU_SHARE_NVML_LIB", "/nonexistent/libnvidia-ml.so.1")];
+    let ts = profile("tests/data/doctor/timeslice-all.yaml");
+    let (r, code) = node.doctor_env(&["--profile", &ts, "--cuda", "12.6"], &env);
+    assert_eq!(code, 0, "{}", r.0);
+    let driver = r.said("driver");
+    assert_eq!(r.status("driver"), "ok");
+    assert!(driver.contains("Jetson/Tegra integrated GPU"), "{driver}");
+    assert!(
+        driver.contains("L4T R36.4.0") && driver.contains("nvidia,tegra234"),
+        "{driver}"
+    );
+    assert!(driver.contains("time-slicing only"), "{driver}");
+    assert_eq!(r.status("nvml"), "warn", "{}", r.0);
+    assert_eq!(r.status("profile"), "ok", "{}", r.0);
+    assert_eq!(r.status("container-runtime"), "ok");
+    assert_eq!(r.status("device-plugin"), "ok");
+    assert_eq!(r.status("cuda"), "skip");
+
+    // MIG or MPS cannot be had on a Jetson.
+    let (r, code) = node.doctor_env(
+        &[
+            "--profile",
+            &profile("tests/data/doctor/mig-everywhere.yaml"),
+        ],
+        &env,
+    );
+    assert_eq!(code, 1, "{}", r.0);
+    r.assert_failed_at("profile");
+    let (r, _) = node.doctor_env(&["--profile", &profile("profiles/h100-mps.yaml")], &env);
+    assert_eq!(r.status("profile"), "fail", "{}", r.0);
+}
+
+#[test]
+fn an_unreadable_profile_is_a_usage_error() {
+    let node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
+    let out = node.doctor_with(&["--profile", "/nonexistent/profile.yaml"], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
