@@ -332,10 +332,10 @@ fn run_plan(args: &PlanArgs) -> Result<ExitCode> {
     };
     match plan(&named.name, &profile, &node) {
         Ok(plan) => {
-            let current = match &args.plugin_config {
-                Some(path) => Some((path.clone(), std::fs::read_to_string(path).ok())),
-                None => None,
-            };
+            let current = args
+                .plugin_config
+                .as_ref()
+                .map(|path| (path.clone(), std::fs::read_to_string(path).ok()));
             emit(args.out.output, &plan, |p| {
                 render::plan(p, simulated) + &render::plugin_config(p, current.as_ref())
             })?;

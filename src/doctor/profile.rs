@@ -190,7 +190,13 @@ fn check_mps(ctx: &Ctx<'_>, planned: &NodePlan, facts: &Facts, check: &mut Check
         return;
     }
     let wanted = &ctx.paths.mps_control;
-    match find_program(&ctx.paths.root, wanted) {
+    // A path given with --mps-control is used as written; a bare name is searched on PATH.
+    let found = if wanted.is_absolute() {
+        wanted.exists().then(|| wanted.clone())
+    } else {
+        find_program(&ctx.paths.root, wanted)
+    };
+    match found {
         Some(path) if is_executable(&path) => check.details.push(format!(
             "MPS (GPU {}): control daemon {}",
             mps.join(", "),
