@@ -70,7 +70,9 @@ impl Node {
     fn set_faults(&self, die_after: Option<u32>) {
         let bin = self.settings.control_binary.parent().unwrap();
         fs::create_dir_all(bin).unwrap();
-        let die = die_after.map_or(String::new(), |n| format!("export FAKE_MPS_DIE_AFTER={n}\n"));
+        let die = die_after.map_or(String::new(), |n| {
+            format!("export FAKE_MPS_DIE_AFTER={n}\n")
+        });
         let script = format!(
             "#!/bin/sh\nexport FAKE_MPS_RECORD='{}'\nunset FAKE_MPS_DIE_AFTER\n{die}exec '{}' \"$@\"\n",
             self.record_file().display(),
@@ -372,13 +374,16 @@ fn no_longer_wanted_daemons_are_quit_and_removed() {
     assert!(node.root().join(".ready").is_file());
 
     // One goes: only it is quit, and .ready is written again once the rest is up.
-    let report = reconcile(&node.settings, &[other.clone()]).unwrap();
+    let report = reconcile(&node.settings, std::slice::from_ref(&other)).unwrap();
     assert_eq!(report.stopped, [RESOURCE]);
     assert_eq!(report.unchanged, ["example.com/other"]);
     assert!(report.ready);
     wait_dead(gpu_pid);
     assert!(alive(other_pid));
-    assert!(!node.root().join("nvidia.com").exists(), "directory removed");
+    assert!(
+        !node.root().join("nvidia.com").exists(),
+        "directory removed"
+    );
     assert!(node.root().join(".ready").is_file());
     assert!(node.recorded().contains(&"quit".to_string()));
 
@@ -443,7 +448,10 @@ fn a_missing_control_binary_is_named() {
         .unwrap_err()
         .to_string();
     assert!(text.contains("nvidia.com/gpu"), "{text}");
-    assert!(text.contains("nowhere/nvidia-cuda-mps-control -d` failed"), "{text}");
+    assert!(
+        text.contains("nowhere/nvidia-cuda-mps-control -d` failed"),
+        "{text}"
+    );
     assert!(!node.root().join(".ready").exists());
     let text = health(&node.settings, RESOURCE).unwrap_err().to_string();
     assert!(text.contains(HEALTH), "{text}");
@@ -470,4 +478,48 @@ fn plan_to_running_daemon() {
     assert!(node
         .control_log(RESOURCE)
         .contains("CUDA_VISIBLE_DEVICES=GPU-0,GPU-1"));
+}
+
+#[test]
+fn a_daemon_that_stops_answering_is_killed_and_replaced() {
+    let node = Node::new();
+    let wanted = [spec(Some(25), None)];
+    reconcile(&node.settings, &wanted).unwrap();
+    let pid = node.pid(RESOURCE).unwrap();
+    // Alive, but nothing reaches it any more.
+    fs::remove_file(node.settings.pipe_dir(RESOURCE).join("control")).unwrap();
+
+    let report = reconcile(&node.settings, &wanted).unwrap();
+    assert_eq!(report.restarted.len(), 1, "{report:?}");
+    let reason = &report.restarted[0].reason;
+    assert!(
+        reason.contains(&format!("(pid {pid}) did not answer"))
+            && reason.contains("Cannot find MPS control daemon process"),
+        "{reason}"
+    );
+    wait_dead(pid);
+    let new = node.pid(RESOURCE).unwrap();
+    assert_ne!(new, pid);
+    health(&node.settings, RESOURCE).unwrap();
+}
+
+#[test]
+fn a_missing_client_binary_leaves_a_running_daemon_alone() {
+    let mut node = Node::new();
+    let wanted = [spec(Some(25), None)];
+    reconcile(&node.settings, &wanted).unwrap();
+    let pid = node.pid(RESOURCE).unwrap();
+    let good = node.settings.control_binary.clone();
+
+    node.settings.control_binary = node.dir.path().join("gone").join(BIN_NAME);
+    let text = reconcile(&node.settings, &wanted).unwrap_err().to_string();
+    assert!(text.contains("cannot run"), "{text}");
+    assert!(alive(pid), "the daemon was not touched");
+    assert!(!node.root().join(".ready").exists());
+
+    node.settings.control_binary = good;
+    let report = reconcile(&node.settings, &wanted).unwrap();
+    assert_eq!(report.unchanged, [RESOURCE]);
+    assert!(report.ready);
+    assert_eq!(node.pid(RESOURCE), Some(pid));
 }

@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::io::{self, Read, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
@@ -32,7 +32,7 @@ use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
-use crate::plan::{NodePlan, ObservedNode, PlannedMode};
+use crate::plan::{GpuPlan, NodePlan, ObservedNode, PlannedMode};
 
 /// The control binary, found on `PATH`.
 pub const DEFAULT_CONTROL_BINARY: &str = "nvidia-cuda-mps-control";
@@ -55,7 +55,9 @@ const POLL: Duration = Duration::from_millis(20);
 /// Where the daemons live and how to run them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MpsSettings {
-    /// `nvidia-cuda-mps-control`: a path, or a name looked up on `PATH`.
+    /// `nvidia-cuda-mps-control`: a path, or a name looked up on `PATH`. Its file name must be
+    /// the daemon's process name (`/proc/<pid>/comm`), which tells a live daemon from a process
+    /// that got a crashed daemon's pid.
     pub control_binary: PathBuf,
     /// Parent of every daemon's directories.
     pub root: PathBuf,
@@ -217,6 +219,14 @@ pub enum MpsError {
         command: String,
         detail: String,
     },
+    #[error("MPS root {}: cannot {action} {}: {source}", .root.display(), .path.display())]
+    Root {
+        root: PathBuf,
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     /// Some daemons could not be brought up or stopped; the others were, as the report says.
     #[error("{}", .errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Incomplete {
@@ -232,16 +242,19 @@ pub fn specs_from_plan(
     plan: &NodePlan,
     observed: &ObservedNode,
 ) -> Result<Vec<DaemonSpec>, MpsError> {
-    let mut groups: BTreeMap<String, Vec<(u32, Option<u32>, Option<u64>)>> = BTreeMap::new();
-    for gpu in &plan.gpus {
-        let PlannedMode::Mps {
-            active_thread_percentage,
-            pinned_memory_limit_mib,
-            ..
-        } = gpu.mode
-        else {
-            continue;
-        };
+    /// The MPS settings of a GPU planned for MPS.
+    fn mps(gpu: &GpuPlan) -> Option<(Option<u32>, Option<u64>)> {
+        match gpu.mode {
+            PlannedMode::Mps {
+                active_thread_percentage,
+                pinned_memory_limit_mib,
+                ..
+            } => Some((active_thread_percentage, pinned_memory_limit_mib)),
+            _ => None,
+        }
+    }
+    let mut groups: BTreeMap<String, Vec<&GpuPlan>> = BTreeMap::new();
+    for gpu in plan.gpus.iter().filter(|g| mps(g).is_some()) {
         // An MPS GPU advertises one resource: nvidia.com/gpu, or nvidia.com/gpu.shared.
         let resource = gpu
             .resources
@@ -249,22 +262,19 @@ pub fn specs_from_plan(
             .next()
             .cloned()
             .unwrap_or_else(|| "nvidia.com/gpu".to_string());
-        groups.entry(resource).or_default().push((
-            gpu.index,
-            active_thread_percentage,
-            pinned_memory_limit_mib,
-        ));
+        groups.entry(resource).or_default().push(gpu);
     }
     let mut specs = Vec::new();
     for (resource, mut gpus) in groups {
-        gpus.sort_by_key(|g| g.0);
-        let percentages: BTreeSet<Option<u32>> = gpus.iter().map(|g| g.1).collect();
+        gpus.sort_by_key(|g| g.index);
+        let percentages: BTreeSet<Option<u32>> =
+            gpus.iter().filter_map(|g| mps(g)).map(|m| m.0).collect();
         if percentages.len() > 1 {
             let list: Vec<String> = gpus
                 .iter()
-                .map(|(i, p, _)| match p {
-                    Some(p) => format!("GPU {i}: {p}"),
-                    None => format!("GPU {i}: unset"),
+                .map(|g| match mps(g).and_then(|m| m.0) {
+                    Some(p) => format!("GPU {}: {p}", g.index),
+                    None => format!("GPU {}: unset", g.index),
                 })
                 .collect();
             return Err(MpsError::Spec {
@@ -279,15 +289,15 @@ pub fn specs_from_plan(
         let gpus: Vec<MpsGpu> = gpus
             .iter()
             .enumerate()
-            .map(|(position, (index, _, pinned))| MpsGpu {
-                nvml_index: *index,
+            .map(|(position, g)| MpsGpu {
+                nvml_index: g.index,
                 uuid: observed
                     .gpus
                     .iter()
-                    .find(|o| o.index == *index)
+                    .find(|o| o.index == g.index)
                     .and_then(|o| o.uuid.clone()),
                 index_in_daemon: position as u32,
-                pinned_memory_limit_mib: *pinned,
+                pinned_memory_limit_mib: mps(g).and_then(|m| m.1),
             })
             .collect();
         specs.push(DaemonSpec {
@@ -333,9 +343,8 @@ pub fn reconcile(settings: &MpsSettings, wanted: &[DaemonSpec]) -> Result<MpsRep
     let mut errors = Vec::new();
 
     // Unwanted daemons go first, so a GPU moving between resources is never in two daemons.
-    let present = discover(&settings.root).map_err(|e| MpsError::Io {
-        resource: String::new(),
-        pipe_dir: settings.root.clone(),
+    let present = discover(&settings.root).map_err(|e| MpsError::Root {
+        root: settings.root.clone(),
         action: "list",
         path: settings.root.clone(),
         source: e,
@@ -366,9 +375,8 @@ pub fn reconcile(settings: &MpsSettings, wanted: &[DaemonSpec]) -> Result<MpsRep
         if current.as_deref() != Some(settings.ready_contents.as_bytes()) {
             fs::create_dir_all(&settings.root)
                 .and_then(|()| fs::write(&ready.path, &settings.ready_contents))
-                .map_err(|e| MpsError::Io {
-                    resource: String::new(),
-                    pipe_dir: settings.root.clone(),
+                .map_err(|e| MpsError::Root {
+                    root: settings.root.clone(),
                     action: "write",
                     path: ready.path.clone(),
                     source: e,
@@ -477,7 +485,7 @@ impl<'a> Daemon<'a> {
     /// Bring this daemon to `spec`.
     fn ensure(&self, spec: &DaemonSpec, ready: &mut Readiness) -> Result<Outcome, MpsError> {
         let applied = self.applied();
-        let reason = match self.find() {
+        let reason = match self.find()? {
             Found::Healthy(pid, answer) => {
                 let Some(reason) = self.differs(pid, &answer, applied.as_ref(), spec) else {
                     let started = self.dir.join(STARTED);
@@ -495,7 +503,7 @@ impl<'a> Daemon<'a> {
             Found::Hung(pid, detail) => {
                 ready.changing();
                 warn!(resource = self.resource, pid, %detail, "the MPS control daemon does not answer; killing it");
-                self.terminate(pid, "quit")?;
+                self.terminate(pid, "kill")?;
                 format!("the daemon (pid {pid}) did not answer `{HEALTH_COMMAND}`: {detail}")
             }
             Found::Gone(pid) => {
@@ -550,7 +558,7 @@ impl<'a> Daemon<'a> {
 
     /// Stop the daemon, if any, and remove its directory. True if there was something to stop.
     fn remove(&self, ready: &mut Readiness) -> Result<bool, MpsError> {
-        let found = self.find();
+        let found = self.find()?;
         let marked = self.dir.join(STARTED).exists() || self.dir.join(APPLIED).exists();
         if matches!(found, Found::Gone(None)) && !marked && !self.pipe.exists() {
             return Ok(false);
@@ -558,11 +566,12 @@ impl<'a> Daemon<'a> {
         ready.changing();
         match found {
             Found::Healthy(pid, _) => self.stop(pid)?,
-            Found::Hung(pid, _) => self.terminate(pid, "quit")?,
+            Found::Hung(pid, _) => self.terminate(pid, "kill")?,
             Found::Gone(_) => {}
         }
         for file in [STARTED, APPLIED] {
-            remove_file(&self.dir.join(file)).map_err(|e| self.io_error("remove", &self.dir, e))?;
+            let path = self.dir.join(file);
+            remove_file(&path).map_err(|e| self.io_error("remove", &path, e))?;
         }
         for dir in [&self.log, &self.pipe] {
             match fs::remove_dir_all(dir) {
@@ -586,17 +595,20 @@ impl<'a> Daemon<'a> {
         Ok(!matches!(found, Found::Gone(None)) || marked)
     }
 
-    fn find(&self) -> Found {
+    /// The daemon's state; an error only when the control binary cannot be run at all.
+    fn find(&self) -> Result<Found, MpsError> {
         let Some(pid) = self.pid() else {
-            return Found::Gone(None);
+            return Ok(Found::Gone(None));
         };
         if !alive(pid) || !self.is_control_daemon(pid) {
-            return Found::Gone(Some(pid));
+            return Ok(Found::Gone(Some(pid)));
         }
-        match self.send(HEALTH_COMMAND) {
-            Ok(answer) => Found::Healthy(pid, answer),
-            Err(MpsError::Command { detail, .. }) => Found::Hung(pid, detail),
-            Err(e) => Found::Hung(pid, e.to_string()),
+        match self.client(HEALTH_COMMAND) {
+            Ok(run) if run.success => Ok(Found::Healthy(pid, run.stdout)),
+            Ok(run) => Ok(Found::Hung(pid, run.describe())),
+            Err(RunError::Timeout(detail)) => Ok(Found::Hung(pid, detail)),
+            // Not the daemon's fault: leave it alone.
+            Err(RunError::Spawn(detail)) => Err(self.command_error(HEALTH_COMMAND, detail)),
         }
     }
 
@@ -682,7 +694,7 @@ impl<'a> Daemon<'a> {
             command.env("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
         }
         let run = run(command, None, self.settings.timeout)
-            .map_err(|detail| self.command_error(&start_command, detail))?;
+            .map_err(|e| self.command_error(&start_command, e.to_string()))?;
         if !run.success {
             return Err(self.command_error(&start_command, run.describe()));
         }
@@ -773,18 +785,23 @@ impl<'a> Daemon<'a> {
 
     /// `echo COMMAND | nvidia-cuda-mps-control`: its output, or why it failed.
     fn send(&self, command: &str) -> Result<String, MpsError> {
-        debug!(resource = self.resource, command, "MPS control command");
-        let mut client = Command::new(&self.settings.control_binary);
-        client
-            .env("CUDA_MPS_PIPE_DIRECTORY", &self.pipe)
-            .env("CUDA_MPS_LOG_DIRECTORY", &self.log);
-        let run = run(client, Some(command), self.settings.timeout)
-            .map_err(|detail| self.command_error(command, detail))?;
+        let run = self
+            .client(command)
+            .map_err(|e| self.command_error(command, e.to_string()))?;
         if run.success {
             Ok(run.stdout)
         } else {
             Err(self.command_error(command, run.describe()))
         }
+    }
+
+    fn client(&self, command: &str) -> Result<Run, RunError> {
+        debug!(resource = self.resource, command, "MPS control command");
+        let mut client = Command::new(&self.settings.control_binary);
+        client
+            .env("CUDA_MPS_PIPE_DIRECTORY", &self.pipe)
+            .env("CUDA_MPS_LOG_DIRECTORY", &self.log);
+        run(client, Some(command), self.settings.timeout)
     }
 
     /// `quit`, and wait for the daemon to exit; signals if it doesn't.
@@ -1052,51 +1069,70 @@ impl Run {
     }
 }
 
+/// Why the control binary gave no exit status.
+#[derive(Debug)]
+enum RunError {
+    /// It could not be started.
+    Spawn(String),
+    /// It was killed after the timeout.
+    Timeout(String),
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Spawn(d) | RunError::Timeout(d) => f.write_str(d),
+        }
+    }
+}
+
 /// Run `command` with `input` on stdin (closed right after), killing it after `timeout`.
-fn run(mut command: Command, input: Option<&str>, timeout: Duration) -> Result<Run, String> {
+/// Output goes to unnamed temp files rather than pipes: a daemon forked by `-d` may keep its
+/// parent's stdout open, and a pipe would then never reach EOF.
+fn run(mut command: Command, input: Option<&str>, timeout: Duration) -> Result<Run, RunError> {
     let program = command.get_program().to_string_lossy().into_owned();
+    let spawn_error = |e: io::Error| RunError::Spawn(format!("cannot run {program}: {e}"));
+    let mut stdout = tempfile::tempfile().map_err(spawn_error)?;
+    let mut stderr = tempfile::tempfile().map_err(spawn_error)?;
     let mut child = command
         .stdin(if input.is_some() {
             Stdio::piped()
         } else {
             Stdio::null()
         })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(stdout.try_clone().map_err(spawn_error)?)
+        .stderr(stderr.try_clone().map_err(spawn_error)?)
         .spawn()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
+        .map_err(spawn_error)?;
     if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
         // A client that died at once closes the pipe; its exit status says why.
         let _ = stdin.write_all(input.as_bytes());
         let _ = stdin.write_all(b"\n");
     }
-    let stdout = reader(child.stdout.take());
-    let stderr = reader(child.stderr.take());
-    let status =
-        wait_child(&mut child, timeout).map_err(|e| format!("cannot wait for {program}: {e}"))?;
-    let Some(status) = status else {
-        let _ = child.kill();
-        let _ = child.wait();
-        return Err(format!("no answer within {timeout:?}; killed {program}"));
+    let status = match wait_child(&mut child, timeout) {
+        Ok(Some(status)) => status,
+        Ok(None) | Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(RunError::Timeout(format!(
+                "no answer within {timeout:?}; killed {program}"
+            )));
+        }
     };
     Ok(Run {
         success: status.success(),
         status: status.to_string(),
-        stdout: stdout.join().unwrap_or_default(),
-        stderr: stderr.join().unwrap_or_default(),
+        stdout: read_all(&mut stdout),
+        stderr: read_all(&mut stderr),
     })
 }
 
-fn reader(pipe: Option<impl Read + Send + 'static>) -> thread::JoinHandle<String> {
-    thread::spawn(move || {
-        let mut text = String::new();
-        if let Some(mut pipe) = pipe {
-            let mut bytes = Vec::new();
-            let _ = pipe.read_to_end(&mut bytes);
-            text = String::from_utf8_lossy(&bytes).into_owned();
-        }
-        text
-    })
+fn read_all(file: &mut fs::File) -> String {
+    let mut bytes = Vec::new();
+    let _ = file
+        .seek(SeekFrom::Start(0))
+        .and_then(|_| file.read_to_end(&mut bytes));
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 fn wait_child(
