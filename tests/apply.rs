@@ -38,6 +38,8 @@ impl Node {
             .env("GPU_SHARE_STATE_DIR", &self.state_dir)
             .env("FAKE_NVML_STATE", &self.state)
             .env("FAKE_NVML_LOG", &self.log)
+            .env("GPU_SHARE_MPS_CONTROL", fake_mps_control::binary_path())
+            .env("GPU_SHARE_MPS_ROOT", self.state_dir.join("mps"))
             .env("RUST_LOG", "warn");
         for (k, v) in env {
             cmd.env(k, v);
@@ -135,6 +137,46 @@ impl Node {
     }
 }
 
+/// MPS daemons a test started die with it (a failed assertion must not leak processes).
+impl Drop for Node {
+    fn drop(&mut self) {
+        for pid_file in pid_files(&self.state_dir.join("mps")) {
+            if let Ok(pid) = std::fs::read_to_string(&pid_file)
+                .unwrap_or_default()
+                .trim()
+                .parse()
+            {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+fn pid_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .flat_map(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                pid_files(&p)
+            } else if p
+                .file_name()
+                .is_some_and(|n| n == "nvidia-cuda-mps-control.pid")
+            {
+                vec![p]
+            } else {
+                Vec::new()
+            }
+        })
+        .collect()
+}
+
 fn assert_no_orphans(state: &State) {
     for (i, gpu) in state.gpus.iter().enumerate() {
         for gi in &gpu.gpu_instances {
@@ -213,6 +255,45 @@ fn every_example_profile_applies_on_every_model_it_fits_and_twice_changes_nothin
             );
         }
     }
+}
+
+#[test]
+fn mps_daemons_start_with_the_profile_and_stop_when_it_changes() {
+    let node = Node::new(gpus("h100", 2, false));
+    let out = node.gpu_share(
+        &["apply", "--profile", "profiles/h100-mps.yaml", "-o", "json"],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["mps"]["started"],
+        serde_json::json!(["nvidia.com/gpu"])
+    );
+    assert_eq!(pid_files(&node.state_dir.join("mps")).len(), 1);
+    let ready = std::fs::read_to_string(node.state_dir.join("mps/.ready")).unwrap();
+    assert!(
+        ready.contains("\"replicas\":8"),
+        "NVIDIA's wait compares sharing.mps: {ready}"
+    );
+
+    let out = node.gpu_share(
+        &[
+            "apply",
+            "--profile",
+            "profiles/exclusive.yaml",
+            "-o",
+            "json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["mps"]["stopped"],
+        serde_json::json!(["nvidia.com/gpu"])
+    );
+    assert!(pid_files(&node.state_dir.join("mps")).is_empty());
 }
 
 #[test]

@@ -19,28 +19,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tempfile::TempDir;
 
-const BIN_NAME: &str = "nvidia-cuda-mps-control";
 const RESOURCE: &str = "nvidia.com/gpu";
 
-/// The fake's binary: `$FAKE_MPS_CONTROL_BIN`, else `target/<profile>/nvidia-cuda-mps-control`
-/// (this test runs from `target/<profile>/deps/`).
-fn fake_binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("FAKE_MPS_CONTROL_BIN") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().expect("current_exe");
-    exe.ancestors()
-        .skip(1)
-        .take(3)
-        .map(|d| d.join(BIN_NAME))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "{BIN_NAME} not found above {}: run `cargo test --workspace`, or `cargo build -p fake-mps-control` first",
-                exe.display()
-            )
-        })
-}
+use fake_mps_control::{binary_path as fake_binary, BIN_NAME};
 
 /// A root for daemons, and a wrapper named like the real binary that runs the fake with this
 /// test's recording file and faults (env vars of the test process would leak between tests).

@@ -47,7 +47,12 @@ fn golden_configs_for_every_example_profile() {
         }
         let want = std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 creates it)", path.display()));
-        assert_eq!(got, want, "{profile}: rendered config differs from {}", path.display());
+        assert_eq!(
+            got,
+            want,
+            "{profile}: rendered config differs from {}",
+            path.display()
+        );
     }
 }
 
@@ -76,7 +81,11 @@ fn renders_what_the_plugin_reads() {
         .collect();
     assert_eq!(
         names,
-        [("nvidia.com/gpu", 4), ("nvidia.com/mig-2g.35gb", 2), ("nvidia.com/mig-3g.71gb", 2)]
+        [
+            ("nvidia.com/gpu", 4),
+            ("nvidia.com/mig-2g.35gb", 2),
+            ("nvidia.com/mig-3g.71gb", 2)
+        ]
     );
 }
 
@@ -86,8 +95,14 @@ fn writes_only_when_the_content_changes() {
     let path = dir.path().join("config/config.yaml");
     assert!(write_if_changed(&path, "a: 1\n").unwrap(), "first write");
     let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
-    assert!(!write_if_changed(&path, "a: 1\n").unwrap(), "same bytes: no write");
-    assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), modified);
+    assert!(
+        !write_if_changed(&path, "a: 1\n").unwrap(),
+        "same bytes: no write"
+    );
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().modified().unwrap(),
+        modified
+    );
     assert!(write_if_changed(&path, "a: 2\n").unwrap());
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "a: 2\n");
     let leftovers = std::fs::read_dir(path.parent().unwrap()).unwrap().count();
@@ -164,7 +179,10 @@ fn sighup_reaches_the_plugin_by_pid_file_and_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let pid_file = dir.path().join("plugin.pid");
     std::fs::write(&pid_file, format!("{}\n", plugin.pid())).unwrap();
-    assert_eq!(reload(&SignalTarget::PidFile(pid_file)).unwrap(), plugin.pid());
+    assert_eq!(
+        reload(&SignalTarget::PidFile(pid_file)).unwrap(),
+        plugin.pid()
+    );
     wait_for(|| plugin.hups() == 1, "the first SIGHUP");
 
     let by_name = SignalTarget::ProcessName {
@@ -179,7 +197,10 @@ fn sighup_reaches_the_plugin_by_pid_file_and_by_name() {
         proc_root: "/proc".into(),
     };
     let err = reload(&missing).unwrap_err().to_string();
-    assert!(err.contains("no process named \"no-such-plugin\" under /proc"), "{err}");
+    assert!(
+        err.contains("no process named \"no-such-plugin\" under /proc"),
+        "{err}"
+    );
 }
 
 fn gpu_share(args: &[&str], state: &Path, state_dir: &Path) -> Output {
@@ -199,9 +220,12 @@ fn apply_writes_the_config_and_reloads_once_and_an_unchanged_profile_sends_nothi
     let plugin = FakePlugin::start();
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("nvml.json");
-    State::with_gpus([Gpu::mig("h100").mig_enabled(), Gpu::mig("h100").mig_enabled()])
-        .write_to(&state)
-        .unwrap();
+    State::with_gpus([
+        Gpu::mig("h100").mig_enabled(),
+        Gpu::mig("h100").mig_enabled(),
+    ])
+    .write_to(&state)
+    .unwrap();
     let config = dir.path().join("config.yaml");
     let pid_file = dir.path().join("plugin.pid");
     std::fs::write(&pid_file, plugin.pid().to_string()).unwrap();
@@ -220,12 +244,22 @@ fn apply_writes_the_config_and_reloads_once_and_an_unchanged_profile_sends_nothi
         let a = args(profile);
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
         let out = gpu_share(&a, &state, &dir.path().join("gs"));
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     };
 
     let out = run("profiles/a100-80gb-single.yaml");
-    assert!(out.contains(&format!("plugin (PID {}) signalled to reload", plugin.pid())), "{out}");
+    assert!(
+        out.contains(&format!(
+            "plugin (PID {}) signalled to reload",
+            plugin.pid()
+        )),
+        "{out}"
+    );
     wait_for(|| plugin.hups() == 1, "the reload");
     assert_eq!(
         std::fs::read_to_string(&config).unwrap(),
@@ -237,7 +271,10 @@ fn apply_writes_the_config_and_reloads_once_and_an_unchanged_profile_sends_nothi
     assert!(!out.contains("device-plugin config written"), "{out}");
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(plugin.hups(), 1, "an unchanged profile sends no signal");
-    assert_eq!(std::fs::metadata(&config).unwrap().modified().unwrap(), modified);
+    assert_eq!(
+        std::fs::metadata(&config).unwrap().modified().unwrap(),
+        modified
+    );
 
     // A different profile: new content, one more reload.
     run("profiles/h100-inference.yaml");
@@ -250,7 +287,13 @@ fn plan_shows_the_difference_from_the_current_file() {
     let config = dir.path().join("config.yaml");
     std::fs::write(&config, rendered("h100-balanced", "h100x8")).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
-        .args(["plan", "--profile", "profiles/h100-inference.yaml", "--gpu", "h100x8"])
+        .args([
+            "plan",
+            "--profile",
+            "profiles/h100-inference.yaml",
+            "--gpu",
+            "h100x8",
+        ])
         .arg("--plugin-config")
         .arg(&config)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -259,15 +302,28 @@ fn plan_shows_the_difference_from_the_current_file() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains(": would change"), "{text}");
     assert!(text.contains("+  timeSlicing:"), "{text}");
-    assert!(text.contains("-# NVIDIA device-plugin config written by gpu-share for profile \"h100-balanced\"."), "{text}");
+    assert!(
+        text.contains(
+            "-# NVIDIA device-plugin config written by gpu-share for profile \"h100-balanced\"."
+        ),
+        "{text}"
+    );
 
     std::fs::write(&config, rendered("h100-inference", "h100x8")).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
-        .args(["plan", "--profile", "profiles/h100-inference.yaml", "--gpu", "h100x8"])
+        .args([
+            "plan",
+            "--profile",
+            "profiles/h100-inference.yaml",
+            "--gpu",
+            "h100x8",
+        ])
         .arg("--plugin-config")
         .arg(&config)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .unwrap();
-    assert!(String::from_utf8(out.stdout).unwrap().contains(": unchanged"));
+    assert!(String::from_utf8(out.stdout)
+        .unwrap()
+        .contains(": unchanged"));
 }

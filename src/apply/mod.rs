@@ -18,6 +18,7 @@ pub use journal::Journal;
 use crate::device_plugin::{reload, write_if_changed, ReloadError, SignalTarget};
 use crate::gpu::{GpuError, Gpus, MigModeOutcome};
 use crate::mig::catalog;
+use crate::mps::daemon::{self, MpsError, MpsReport, MpsSettings};
 use crate::plan::{plan, steps, NodePlan, ObservedNode, Step};
 use crate::profile::{Problem, Profile};
 
@@ -30,6 +31,9 @@ pub struct ApplyOptions {
     pub force: bool,
     /// Where to write the NVIDIA device-plugin config, and how to make the plugin reload it.
     pub device_plugin: Option<DevicePluginOutput>,
+    /// MPS control daemons: started for the GPUs the profile shares by MPS, stopped when it no
+    /// longer asks for them.
+    pub mps: MpsSettings,
 }
 
 /// The device plugin's config file and its reload.
@@ -57,6 +61,8 @@ pub struct ApplyReport {
     /// The PID of the device plugin that was sent SIGHUP.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plugin_reloaded: Option<i32>,
+    /// MPS daemons started, restarted and stopped.
+    pub mps: MpsReport,
     pub plan: NodePlan,
 }
 
@@ -103,6 +109,8 @@ pub enum ApplyError {
     },
     #[error(transparent)]
     Reload(#[from] ReloadError),
+    #[error(transparent)]
+    Mps(#[from] MpsError),
 }
 
 fn busy_message(busy: &[Busy]) -> String {
@@ -149,12 +157,13 @@ pub fn apply(
         reset_required: Vec::new(),
         plugin_config_written: false,
         plugin_reloaded: None,
+        mps: MpsReport::default(),
         plan: node_plan,
     };
     if todo.is_empty() {
         info!(profile = name, "the GPUs already match the profile");
         remove_journal(opts)?;
-        publish_plugin_config(&mut report, opts)?;
+        share(&mut report, &observed, opts)?;
         return Ok(report);
     }
     let mut journal = Journal {
@@ -178,12 +187,36 @@ pub fn apply(
         journal.done += 1;
         save_journal(&journal, opts)?;
     }
-    verify(gpus, name, profile, &report.reset_required)?;
+    let observed = verify(gpus, name, profile, &report.reset_required)?;
     if report.reset_required.is_empty() {
         remove_journal(opts)?;
     }
-    publish_plugin_config(&mut report, opts)?;
+    share(&mut report, &observed, opts)?;
     Ok(report)
+}
+
+/// After the MIG layout: the MPS daemons the plan needs (the plugin waits for them), then the
+/// device-plugin config.
+fn share(
+    report: &mut ApplyReport,
+    observed: &ObservedNode,
+    opts: &ApplyOptions,
+) -> Result<(), ApplyError> {
+    let specs = daemon::specs_from_plan(&report.plan, observed)?;
+    let mut settings = opts.mps.clone();
+    let config = &mut report.plan.device_plugin_config;
+    if config.flags.mps_root.is_some() {
+        // The plugin mounts the daemons' pipes from where they really are.
+        config.flags.mps_root = Some(settings.root.display().to_string());
+    }
+    if let Some(mps) = &config.sharing.mps {
+        // NVIDIA's `mps-control-daemon wait` compares `.ready` with the config's sharing.mps.
+        settings.ready_contents = serde_json::to_string(mps).expect("serialisable");
+    }
+    if !specs.is_empty() || settings.root.exists() {
+        report.mps = daemon::reconcile(&settings, &specs)?;
+    }
+    publish_plugin_config(report, opts)
 }
 
 /// Write the device-plugin config if it changed, then signal the plugin to reload it.
@@ -195,12 +228,11 @@ fn publish_plugin_config(report: &mut ApplyReport, opts: &ApplyOptions) -> Resul
         .plan
         .device_plugin_config
         .to_file_text(&report.profile);
-    report.plugin_config_written = write_if_changed(&out.config_path, &text).map_err(|source| {
-        ApplyError::PluginConfig {
+    report.plugin_config_written =
+        write_if_changed(&out.config_path, &text).map_err(|source| ApplyError::PluginConfig {
             path: out.config_path.display().to_string(),
             source,
-        }
-    })?;
+        })?;
     if !report.plugin_config_written {
         return Ok(());
     }
@@ -275,7 +307,12 @@ fn busy_steps(todo: &[Step], observed: &ObservedNode) -> Vec<Busy> {
 }
 
 /// Read the GPUs back: every GPU not waiting for a reset must now need no step.
-fn verify(gpus: &Gpus, name: &str, profile: &Profile, waiting: &[u32]) -> Result<(), ApplyError> {
+fn verify(
+    gpus: &Gpus,
+    name: &str,
+    profile: &Profile,
+    waiting: &[u32],
+) -> Result<ObservedNode, ApplyError> {
     let observed = gpus.observe()?;
     let node_plan = plan(name, profile, &observed).map_err(ApplyError::Invalid)?;
     let left: Vec<Step> = steps(&node_plan, &observed)
@@ -283,7 +320,7 @@ fn verify(gpus: &Gpus, name: &str, profile: &Profile, waiting: &[u32]) -> Result
         .filter(|s| !waiting.contains(&s.gpu()))
         .collect();
     if left.is_empty() {
-        Ok(())
+        Ok(observed)
     } else {
         Err(ApplyError::Verify(left))
     }

@@ -15,6 +15,7 @@ use crate::apply::{apply, resume, ApplyError, ApplyOptions, DevicePluginOutput};
 use crate::device_plugin::SignalTarget;
 use crate::gpu::Gpus;
 use crate::mig::catalog;
+use crate::mps::daemon::{self, MpsSettings};
 use crate::plan::{plan, ObservedNode};
 use crate::profile::{read_profiles, validate, NamedProfile, Problem, Profile};
 
@@ -96,9 +97,32 @@ struct ApplyArgs {
     #[command(flatten)]
     plugin: PluginArgs,
     #[command(flatten)]
+    mps: MpsArgs,
+    #[command(flatten)]
     nvml: NvmlArgs,
     #[command(flatten)]
     out: OutputArgs,
+}
+
+/// Where MPS control daemons run from.
+#[derive(Args, Debug)]
+struct MpsArgs {
+    /// The MPS control binary.
+    #[arg(long, env = "GPU_SHARE_MPS_CONTROL", default_value = daemon::DEFAULT_CONTROL_BINARY)]
+    mps_control: PathBuf,
+    /// Root of the MPS pipe and log directories (shared with the device plugin).
+    #[arg(long, env = "GPU_SHARE_MPS_ROOT", default_value = daemon::DEFAULT_ROOT)]
+    mps_root: PathBuf,
+}
+
+impl MpsArgs {
+    fn settings(&self) -> MpsSettings {
+        MpsSettings {
+            control_binary: self.mps_control.clone(),
+            root: self.mps_root.clone(),
+            ..MpsSettings::default()
+        }
+    }
 }
 
 /// The NVIDIA device plugin's config file and how to make it reload.
@@ -109,7 +133,11 @@ struct PluginArgs {
     #[arg(long, env = "GPU_SHARE_PLUGIN_CONFIG")]
     plugin_config: Option<PathBuf>,
     /// Send SIGHUP to the PID in this file after writing the config.
-    #[arg(long, env = "GPU_SHARE_PLUGIN_PID_FILE", conflicts_with = "plugin_process")]
+    #[arg(
+        long,
+        env = "GPU_SHARE_PLUGIN_PID_FILE",
+        conflicts_with = "plugin_process"
+    )]
     plugin_pid_file: Option<PathBuf>,
     /// Send SIGHUP to the process with this argv[0] (needs a shared process namespace),
     /// e.g. nvidia-device-plugin.
@@ -257,6 +285,7 @@ fn run_apply(args: &ApplyArgs) -> Result<ExitCode> {
         state_dir: args.state_dir.clone(),
         force: args.force,
         device_plugin: args.plugin.output(),
+        mps: args.mps.settings(),
     };
     let result = match &args.profile {
         Some(path) => {

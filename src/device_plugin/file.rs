@@ -60,7 +60,8 @@ pub enum ReloadError {
 /// Send SIGHUP to the device plugin; returns its PID.
 pub fn reload(target: &SignalTarget) -> Result<i32, ReloadError> {
     let pid = find(target)?;
-    kill(Pid::from_raw(pid), Signal::SIGHUP).map_err(|source| ReloadError::Signal { pid, source })?;
+    kill(Pid::from_raw(pid), Signal::SIGHUP)
+        .map_err(|source| ReloadError::Signal { pid, source })?;
     Ok(pid)
 }
 

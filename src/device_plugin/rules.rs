@@ -36,7 +36,11 @@ pub fn check(config: &PluginConfig) -> Vec<String> {
         if config.flags.mps_root.as_deref().is_none_or(str::is_empty) {
             problems.push("using MPS requires --mps-root to be specified".into());
         }
-        for r in mps.resources.iter().filter(|r| r.replicas > MAX_REPLICAS as u64) {
+        for r in mps
+            .resources
+            .iter()
+            .filter(|r| r.replicas > MAX_REPLICAS as u64)
+        {
             problems.push(format!(
                 "invalid MPS configuration: invalid device maximum allowed replicas exceeded: {} > {MAX_REPLICAS}",
                 r.replicas
