@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 
+use crate::agent::AgentArgs;
 use crate::apply::{apply, resume, ApplyError, ApplyOptions, DevicePluginOutput};
 use crate::device_plugin::SignalTarget;
 use crate::gpu::Gpus;
@@ -50,6 +51,8 @@ enum Command {
     Apply(ApplyArgs),
     /// Show the GPUs: MIG mode, instances and placements, MIG device UUIDs, processes.
     Status(StatusArgs),
+    /// Run the node agent (a DaemonSet pod): label → profile → safe reconfiguration.
+    Agent(Box<AgentArgs>),
     /// Check the GPU stack bottom-up (driver, NVML, profile needs, container runtime, device
     /// plugin, CUDA) and stop at the first broken layer with what to fix.
     #[command(after_help = crate::doctor::EXIT_CODES)]
@@ -246,6 +249,13 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Apply(args) => run_apply(&args),
+        Command::Agent(args) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(crate::agent::run(*args))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Status(args) => {
             let gpus = Gpus::open(args.nvml.nvml_lib.as_deref())?;
             let node = gpus.observe()?;

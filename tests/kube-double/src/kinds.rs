@@ -165,12 +165,9 @@ pub(crate) const KINDS: &[KindInfo] = &[
     },
 ];
 
-pub(crate) const NODES: KindId = 0;
 pub(crate) const PODS: KindId = 1;
-pub(crate) const CONFIGMAPS: KindId = 2;
 pub(crate) const CORE_EVENTS: KindId = 3;
 pub(crate) const EVENTS: KindId = 4;
-pub(crate) const LEASES: KindId = 5;
 pub(crate) const PDBS: KindId = 6;
 
 /// The kind served at `group`/`version`/`plural`.

@@ -149,7 +149,8 @@ impl Shared {
             let shared = Arc::clone(self);
             self.handle.spawn(async move {
                 tokio::time::sleep(delay).await;
-                shared.with(|st| st.finish_termination(&key, Some(&uid)));
+                // Finishing a termination schedules no timers, so the plain lock is enough.
+                shared.lock().finish_termination(&key, Some(&uid));
             });
         }
         r
@@ -195,8 +196,7 @@ fn key_for(kind: KindId, namespace: Option<&str>, name: &str) -> Key {
 impl KubeDouble {
     /// Starts the double on 127.0.0.1 with a free port.
     pub fn start() -> KubeDouble {
-        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)))
-            .expect("kube-double: bind 127.0.0.1")
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0))).expect("kube-double: bind 127.0.0.1")
     }
 
     /// Starts the double on a given address (port 0 picks a free one).
@@ -278,7 +278,11 @@ impl KubeDouble {
         std::fs::write(path, self.kubeconfig_yaml())
     }
 
-    /// A kube client configuration for this double (default namespace `default`).
+    /// A kube client configuration for this double (default namespace `default`), with kube's
+    /// defaults otherwise — including `default_retry: true`: the kube 5 client then retries
+    /// 429, 503 and 504 answers by itself (up to 15 times, exponential backoff from 5 ms,
+    /// honouring `Retry-After`), so a PodDisruptionBudget 429 on an eviction only surfaces after
+    /// minutes. Set `default_retry = false` to see every answer (see [`Self::client_no_retry`]).
     pub fn client_config(&self) -> kube::Config {
         let mut c = kube::Config::new(self.url().parse().expect("kube-double: url"));
         c.default_namespace = "default".into();
@@ -289,6 +293,13 @@ impl KubeDouble {
     /// connection tasks there).
     pub fn client(&self) -> kube::Client {
         kube::Client::try_from(self.client_config()).expect("kube-double: build kube client")
+    }
+
+    /// [`Self::client`] without kube's built-in retry of 429/503/504 answers.
+    pub fn client_no_retry(&self) -> kube::Client {
+        let mut c = self.client_config();
+        c.default_retry = false;
+        kube::Client::try_from(c).expect("kube-double: build kube client")
     }
 
     // ---------------------------------------------------------------------------------------
@@ -329,7 +340,12 @@ impl KubeDouble {
     }
 
     /// Changes a stored object in place (as [`Self::put`] stores it). `None` if it is missing.
-    pub fn modify<K>(&self, namespace: Option<&str>, name: &str, f: impl FnOnce(&mut K)) -> Option<K>
+    pub fn modify<K>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        f: impl FnOnce(&mut K),
+    ) -> Option<K>
     where
         K: k8s_openapi::Resource + Serialize + DeserializeOwned,
     {

@@ -294,7 +294,9 @@ fn add(target: &mut Value, path: &str, v: Value) -> Result<(), String> {
             a.insert(idx, v);
             Ok(())
         }
-        _ => Err(format!("add operation does not apply: doc is missing path: {path:?}")),
+        _ => Err(format!(
+            "add operation does not apply: doc is missing path: {path:?}"
+        )),
     }
 }
 
@@ -346,7 +348,10 @@ mod tests {
             }),
         )
         .unwrap();
-        assert_eq!(t["spec"]["taints"], json!([{"key": "b", "effect": "NoExecute"}]));
+        assert_eq!(
+            t["spec"]["taints"],
+            json!([{"key": "b", "effect": "NoExecute"}])
+        );
         assert_eq!(
             t["status"]["conditions"],
             json!([{"type": "Ready", "status": "False"}])
@@ -367,11 +372,10 @@ mod tests {
             ]),
         )
         .unwrap();
-        assert_eq!(t, json!({"metadata": {"labels": {"a/b": "2"}}, "l": [2, 3]}));
-        assert!(json_patch(
-            &mut t,
-            &json!([{"op": "test", "path": "/l/0", "value": 9}])
-        )
-        .is_err());
+        assert_eq!(
+            t,
+            json!({"metadata": {"labels": {"a/b": "2"}}, "l": [2, 3]})
+        );
+        assert!(json_patch(&mut t, &json!([{"op": "test", "path": "/l/0", "value": 9}])).is_err());
     }
 }

@@ -32,10 +32,6 @@ pub(crate) struct LabelSelector {
 }
 
 impl LabelSelector {
-    pub fn everything() -> Self {
-        LabelSelector::default()
-    }
-
     pub fn nothing() -> Self {
         LabelSelector {
             reqs: Vec::new(),
@@ -234,7 +230,9 @@ fn parse_requirement(term: &str) -> Result<Requirement, String> {
             op: Op::In(parse_set(r)?),
         });
     }
-    Err(format!("found '{rest}', expected: in, notin, =, ==, !=, or end of string"))
+    Err(format!(
+        "found '{rest}', expected: in, notin, =, ==, !=, or end of string"
+    ))
 }
 
 /// A parsed field selector: `a=b,c!=d` (`==` is `=`), restricted to the fields the resource
@@ -278,14 +276,6 @@ impl FieldSelector {
             terms.push((field.to_string(), eq, unescape(value.trim())));
         }
         Ok(FieldSelector { terms })
-    }
-
-    /// The name a `metadata.name=X` term pins, if any.
-    pub fn pinned_name(&self) -> Option<&str> {
-        self.terms
-            .iter()
-            .find(|(f, eq, _)| f == "metadata.name" && *eq)
-            .map(|(_, _, v)| v.as_str())
     }
 
     pub fn add_name(&mut self, name: &str) {
@@ -350,11 +340,17 @@ fn field_value(obj: &Value, field: &str) -> String {
         .strip_prefix("involvedObject.")
         .or_else(|| field.strip_prefix("regarding."))
     {
-        vec![format!("involvedObject.{rest}"), format!("regarding.{rest}")]
+        vec![
+            format!("involvedObject.{rest}"),
+            format!("regarding.{rest}"),
+        ]
     } else if field == "reportingComponent" || field == "reportingController" {
         vec!["reportingComponent".into(), "reportingController".into()]
     } else if field == "source" {
-        vec!["source.component".into(), "deprecatedSource.component".into()]
+        vec![
+            "source.component".into(),
+            "deprecatedSource.component".into(),
+        ]
     } else {
         vec![field.to_string()]
     };

@@ -84,7 +84,8 @@ fn route(path: &str) -> Route {
     let k = &KINDS[kind];
     // A namespaced resource is addressed by name only inside its namespace, a cluster-scoped one
     // never inside one.
-    if (namespace.is_some() && !k.namespaced) || (name.is_some() && k.namespaced && namespace.is_none())
+    if (namespace.is_some() && !k.namespaced)
+        || (name.is_some() && k.namespaced && namespace.is_none())
     {
         return Route::NotFound;
     }
@@ -110,15 +111,13 @@ fn percent_decode(s: &str) -> String {
     while i < bytes.len() {
         match bytes[i] {
             b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                match u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                    Ok(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    Err(_) => out.push(b'%'),
+            b'%' if i + 2 < bytes.len() => match u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                Ok(b) => {
+                    out.push(b);
+                    i += 2;
                 }
-            }
+                Err(_) => out.push(b'%'),
+            },
             b => out.push(b),
         }
         i += 1;
@@ -137,9 +136,7 @@ fn parse_query(q: &str) -> Vec<(String, String)> {
 }
 
 fn query_get<'a>(q: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    q.iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.as_str())
+    q.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
 }
 
 fn truthy(v: Option<&str>) -> bool {
@@ -322,7 +319,7 @@ async fn handle(AxumState(shared): AxumState<Arc<Shared>>, req: Request) -> Resp
         Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
         None => {}
     }
-    if truthy(query_get(&q, "dryRun").map(|v| if v == "All" { "true" } else { v })) {
+    if query_get(&q, "dryRun").is_some_and(|v| !v.is_empty()) {
         let e = ApiError::bad_request("dryRun is not supported by kube-double");
         set_code(e.code);
         return error_response(&e);
@@ -399,7 +396,9 @@ async fn dispatch(
         Verb::Delete => match parse_body(body) {
             Ok(opts) => {
                 let mut opts = opts;
-                if let Some(g) = query_get(q, "gracePeriodSeconds").and_then(|g| g.parse::<i64>().ok()) {
+                if let Some(g) =
+                    query_get(q, "gracePeriodSeconds").and_then(|g| g.parse::<i64>().ok())
+                {
                     opts["gracePeriodSeconds"] = json!(g);
                 }
                 shared.with(|st| st.delete(t.kind, &ns, &name, &opts).map(|o| (200, o)))
@@ -413,7 +412,10 @@ async fn dispatch(
                     let list = st.list(t.kind, t.namespace.as_deref(), &lq)?;
                     let mut deleted = Vec::new();
                     for item in list["items"].as_array().cloned().unwrap_or_default() {
-                        let n = item.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+                        let n = item
+                            .pointer("/metadata/name")
+                            .and_then(Value::as_str)
+                            .unwrap_or("");
                         let item_ns = item
                             .pointer("/metadata/namespace")
                             .and_then(Value::as_str)
@@ -475,7 +477,11 @@ async fn watch(shared: &Arc<Shared>, t: &Target, q: &[(String, String)]) -> Resp
         st.watch(
             t.kind,
             t.namespace.as_deref(),
-            if t.watch_path { t.name.as_deref() } else { None },
+            if t.watch_path {
+                t.name.as_deref()
+            } else {
+                None
+            },
             &lq,
         )
         .map(|w| (w, st.bookmark_interval))

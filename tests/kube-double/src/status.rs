@@ -148,7 +148,9 @@ impl ApiError {
             "Timeout",
             "Too large resource version: the requested resourceVersion is newer than the server's",
         );
-        e.details = Some(json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}));
+        e.details = Some(
+            json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}),
+        );
         e.retry_after = Some(1);
         e
     }
@@ -181,14 +183,24 @@ impl ApiError {
             404 => ("NotFound", "injected fault: not found"),
             409 => ("Conflict", "injected fault: conflict"),
             410 => ("Expired", "injected fault: expired"),
-            429 => ("TooManyRequests", "injected fault: too many requests, please try again later"),
+            429 => (
+                "TooManyRequests",
+                "injected fault: too many requests, please try again later",
+            ),
             500 => ("InternalError", "Internal error occurred: injected fault"),
-            503 => ("ServiceUnavailable", "injected fault: the server is currently unable to handle the request"),
-            504 => ("Timeout", "injected fault: the server was unable to return a response in the time allotted"),
+            503 => (
+                "ServiceUnavailable",
+                "injected fault: the server is currently unable to handle the request",
+            ),
+            504 => (
+                "Timeout",
+                "injected fault: the server was unable to return a response in the time allotted",
+            ),
             _ => ("", "injected fault"),
         };
         let mut e = ApiError::new(code, reason, message);
-        if code == 429 || code == 503 || code == 504 {
+        // Like the apiserver's max-in-flight / priority-and-fairness rejections.
+        if code == 429 {
             e.retry_after = Some(1);
             e.details = Some(json!({ "retryAfterSeconds": 1 }));
         }

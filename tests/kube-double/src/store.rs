@@ -10,7 +10,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
-use crate::kinds::{KindId, KindInfo, KINDS, PDBS, PODS};
+use crate::kinds::{KindId, KindInfo, EVENTS, KINDS, PDBS, PODS};
 use crate::patch;
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::status::{success_status, ApiError};
@@ -565,7 +565,11 @@ impl State {
         obj["apiVersion"] = json!(k.api_version());
         obj["kind"] = json!(k.kind);
         let name = meta_str(&obj, "name").to_string();
-        assert!(!name.is_empty(), "kube-double: put a {} without a name", k.kind);
+        assert!(
+            !name.is_empty(),
+            "kube-double: put a {} without a name",
+            k.kind
+        );
         let ns = if k.namespaced {
             let ns = meta_str(&obj, "namespace");
             if ns.is_empty() {
@@ -595,7 +599,11 @@ impl State {
             match &old {
                 Some(o) => {
                     let g = meta(o, "generation").and_then(Value::as_i64).unwrap_or(1);
-                    Some(if spec_part(o) != spec_part(&obj) { g + 1 } else { g })
+                    Some(if spec_part(o) != spec_part(&obj) {
+                        g + 1
+                    } else {
+                        g
+                    })
                 }
                 None => Some(1),
             }
@@ -620,6 +628,10 @@ impl State {
             if comparable(o) == comparable(&obj) {
                 return o.clone();
             }
+        }
+        // A pod seeded as terminating stays so until finish_termination (the kubelet's part).
+        if kind == PODS && is_terminating(&obj) && !old.as_ref().is_some_and(is_terminating) {
+            self.awaiting_kubelet.insert(key.clone());
         }
         let stored = self.commit(&key, Some(obj));
         self.maybe_finalize(&key);
@@ -648,23 +660,25 @@ impl State {
         };
         let mut obj = body;
         let gv = kind.api_version();
-        match obj.get("apiVersion").and_then(Value::as_str) {
-            Some(v) if !v.is_empty() && v != gv => {
-                return Err(ApiError::bad_request(format!(
+        if let Some(v) = obj.get("apiVersion").and_then(Value::as_str) {
+            if !v.is_empty() && v != gv {
+                let msg = format!(
                     "the API version in the data ({v}) does not match the expected API version ({gv})"
-                )))
+                );
+                return Err(ApiError::bad_request(msg));
             }
-            _ => obj["apiVersion"] = json!(gv),
         }
-        match obj.get("kind").and_then(Value::as_str) {
-            Some(v) if !v.is_empty() && v != kind.kind => {
-                return Err(ApiError::bad_request(format!(
+        if let Some(v) = obj.get("kind").and_then(Value::as_str) {
+            if !v.is_empty() && v != kind.kind {
+                let msg = format!(
                     "the kind in the data ({v}) does not match the expected kind ({})",
                     kind.kind
-                )))
+                );
+                return Err(ApiError::bad_request(msg));
             }
-            _ => obj["kind"] = json!(kind.kind),
         }
+        obj["apiVersion"] = json!(gv);
+        obj["kind"] = json!(kind.kind);
         meta_mut(&mut obj);
         Ok(obj)
     }
@@ -755,6 +769,7 @@ impl State {
                 m.remove("status");
             }
         }
+        validate(kind_id, &obj)?;
         let stored = self.commit(&key, Some(obj));
         self.after_change(kind_id, &key.1.clone());
         Ok(stored)
@@ -808,8 +823,7 @@ impl State {
             }
         }
         m.remove("resourceVersion");
-        if kind.tracks_generation && sub != Some("status") && spec_part(old) != spec_part(&result)
-        {
+        if kind.tracks_generation && sub != Some("status") && spec_part(old) != spec_part(&result) {
             let g = meta(old, "generation").and_then(Value::as_i64).unwrap_or(1);
             meta_mut(&mut result).insert("generation".into(), json!(g + 1));
         }
@@ -866,6 +880,7 @@ impl State {
             return Err(ApiError::stale(kind, name));
         }
         let new = Self::prepare_update(kind, &old, obj, sub);
+        validate(kind_id, &new)?;
         Ok((200, self.commit_update(&key, &old, new)))
     }
 
@@ -910,9 +925,7 @@ impl State {
         match media.as_str() {
             "application/merge-patch+json" => {
                 if !p.is_object() {
-                    return Err(ApiError::bad_request(
-                        "a merge patch must be a JSON object",
-                    ));
+                    return Err(ApiError::bad_request("a merge patch must be a JSON object"));
                 }
                 patch::merge_patch(&mut work, &p);
             }
@@ -922,7 +935,9 @@ impl State {
             _ => patch::json_patch(&mut work, &p).map_err(ApiError::unprocessable)?,
         }
         if !work.is_object() {
-            return Err(ApiError::unprocessable("the patched object is not an object"));
+            return Err(ApiError::unprocessable(
+                "the patched object is not an object",
+            ));
         }
         let rv = meta_str(&work, "resourceVersion");
         if !rv.is_empty() && rv != meta_str(&old, "resourceVersion") {
@@ -941,6 +956,7 @@ impl State {
         }
         let work = Self::check_body(kind, work)?;
         let new = Self::prepare_update(kind, &old, work, sub);
+        validate(kind_id, &new)?;
         Ok((200, self.commit_update(&key, &old, new)))
     }
 
@@ -1023,8 +1039,11 @@ impl State {
                 self.awaiting_kubelet.insert(key.clone());
                 if let PodTermination::After(d) = self.termination {
                     let d = d.min(Duration::from_secs(grace as u64));
-                    self.pending_timers
-                        .push((key.clone(), meta_str(&stored, "uid").to_string(), d));
+                    self.pending_timers.push((
+                        key.clone(),
+                        meta_str(&stored, "uid").to_string(),
+                        d,
+                    ));
                 }
                 self.after_change(kind_id, ns);
                 return Ok(stored);
@@ -1099,12 +1118,16 @@ impl State {
             let status = pdb.get("status").cloned().unwrap_or(json!({}));
             let int = |f: &str| status.get(f).and_then(Value::as_i64).unwrap_or(0);
             let unhealthy_ok = !pod_ready(&pod)
-                && (pdb.pointer("/spec/unhealthyPodEvictionPolicy").and_then(Value::as_str)
+                && (pdb
+                    .pointer("/spec/unhealthyPodEvictionPolicy")
+                    .and_then(Value::as_str)
                     == Some("AlwaysAllow")
                     || (int("currentHealthy") >= int("desiredHealthy")
                         && int("desiredHealthy") > 0));
             if !unhealthy_ok {
-                let generation = meta(&pdb, "generation").and_then(Value::as_i64).unwrap_or(1);
+                let generation = meta(&pdb, "generation")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(1);
                 if int("observedGeneration") < generation {
                     let mut e = ApiError::too_many_requests(
                         "Cannot evict pod as it would violate the pod's disruption budget.",
@@ -1227,7 +1250,10 @@ impl State {
     /// The resourceVersion a list or watch needs the store to have reached first, if it is
     /// newer than the store (the caller waits a little for it, then answers 504).
     pub fn too_new(&self, q: &ListQuery) -> Option<u64> {
-        let rv = q.resource_version.as_deref().filter(|s| !s.is_empty() && *s != "0")?;
+        let rv = q
+            .resource_version
+            .as_deref()
+            .filter(|s| !s.is_empty() && *s != "0")?;
         let n = rv.parse::<u64>().ok()?;
         (n > self.rv).then_some(n)
     }
@@ -1246,7 +1272,9 @@ impl State {
                 .strip_prefix("kd1-")
                 .and_then(|t| t.split_once('-'))
                 .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<usize>().ok()?)))
-                .ok_or_else(|| ApiError::bad_request("continue key is not valid: malformed token"))?;
+                .ok_or_else(|| {
+                    ApiError::bad_request("continue key is not valid: malformed token")
+                })?;
             let snap = self.snapshots.get(&id).filter(|s| s.kind == kind_id).ok_or_else(|| {
                 ApiError::expired(
                     "The provided continue parameter is too old to display a consistent list result. \
@@ -1378,7 +1406,8 @@ impl State {
         if !rv.is_empty() && rv != "0" {
             let n = Self::parse_rv(rv)?;
             if n < self.horizon {
-                let e = ApiError::expired(format!("too old resource version: {n} ({})", self.horizon));
+                let e =
+                    ApiError::expired(format!("too old resource version: {n} ({})", self.horizon));
                 return Ok(WatchStart::Expired(event_line("ERROR", &e.to_status())));
             }
             if !initial {
@@ -1442,7 +1471,12 @@ impl State {
         });
     }
 
-    pub fn record_eviction(&mut self, ns: &str, pod: &str, result: &Result<(u16, Value), ApiError>) {
+    pub fn record_eviction(
+        &mut self,
+        ns: &str,
+        pod: &str,
+        result: &Result<(u16, Value), ApiError>,
+    ) {
         let (code, outcome) = match result {
             Ok((code, _)) => (*code, EvictionOutcome::Evicted),
             Err(e) => {
@@ -1466,6 +1500,49 @@ impl State {
             at: SystemTime::now(),
         });
     }
+}
+
+/// Field validation the apiserver applies to writes, where the agent could get it wrong:
+/// events.k8s.io/v1 Events need eventTime, type, reportingController, reportingInstance,
+/// action and reason, with the apiserver's length limits.
+fn validate(kind: KindId, obj: &Value) -> Result<(), ApiError> {
+    if kind != EVENTS {
+        return Ok(());
+    }
+    let name = meta_str(obj, "name");
+    let k = &KINDS[kind];
+    let s = |f: &str| obj.get(f).and_then(Value::as_str).unwrap_or("");
+    if obj.get("eventTime").is_none_or(Value::is_null) {
+        return Err(ApiError::invalid(k, name, "eventTime", "Required value"));
+    }
+    if !matches!(s("type"), "Normal" | "Warning") {
+        let what = format!("Invalid value: \"{}\": has invalid value", s("type"));
+        return Err(ApiError::invalid(k, name, "type", &what));
+    }
+    for (field, limit) in [
+        ("reportingController", 253),
+        ("reportingInstance", 128),
+        ("action", 128),
+        ("reason", 128),
+    ] {
+        let v = s(field);
+        if v.is_empty() {
+            return Err(ApiError::invalid(k, name, field, "Required value"));
+        }
+        if v.len() > limit {
+            let what = format!("Too long: may not be more than {limit} bytes");
+            return Err(ApiError::invalid(k, name, field, &what));
+        }
+    }
+    if s("note").len() > 1024 {
+        return Err(ApiError::invalid(
+            k,
+            name,
+            "note",
+            "Too long: may not be more than 1024 bytes",
+        ));
+    }
+    Ok(())
 }
 
 /// One line of a watch stream.

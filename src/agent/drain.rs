@@ -1,0 +1,238 @@
+//! Drain only what a MIG change disturbs: evict, through the Eviction API, the pods whose CUDA
+//! processes run on instances that go away, respecting PodDisruptionBudgets (a 429 is retried
+//! with backoff until the drain timeout), then wait until those pods are gone and their NVML
+//! processes have exited. Progress is logged while it waits.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{EvictParams, ListParams};
+use kube::Api;
+use tracing::{info, warn};
+
+use super::metrics::Metrics;
+use super::pods::pod_uid_of;
+
+/// How to drain.
+#[derive(Debug, Clone)]
+pub struct DrainSettings {
+    /// Give up (state `failed`, node uncordoned) after this long.
+    pub timeout: Duration,
+    /// Where host PIDs' cgroups are read (`/proc`; the agent runs with hostPID).
+    pub proc_root: PathBuf,
+    /// First wait after a refused eviction; doubles up to `max_backoff`.
+    pub backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+/// Why a drain stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    #[error("drain timed out after {waited:?}: {}", .left.join("; "))]
+    Timeout { waited: Duration, left: Vec<String> },
+    #[error("listing the pods on the node: {0}")]
+    Api(#[from] kube::Error),
+}
+
+/// A pod to evict, by namespace/name, and the UID that ties it to its processes.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Target {
+    namespace: String,
+    name: String,
+    uid: String,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The pods behind `pids` among those on `node`, and the PIDs that belong to no pod.
+pub async fn pods_behind(
+    pods: &Api<Pod>,
+    node: &str,
+    pids: &[u32],
+    settings: &DrainSettings,
+) -> Result<(Vec<String>, Vec<u32>), kube::Error> {
+    let targets = targets(pods, node, pids, settings).await?;
+    let named = targets.0.iter().map(ToString::to_string).collect();
+    Ok((named, targets.1))
+}
+
+async fn targets(
+    pods: &Api<Pod>,
+    node: &str,
+    pids: &[u32],
+    settings: &DrainSettings,
+) -> Result<(Vec<Target>, Vec<u32>), kube::Error> {
+    let mut uids: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    let mut host = Vec::new();
+    for &pid in pids {
+        match pod_uid_of(&settings.proc_root, pid) {
+            Some(uid) => uids.entry(uid).or_default().push(pid),
+            None => host.push(pid),
+        }
+    }
+    let on_node = pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?;
+    let targets = on_node
+        .items
+        .into_iter()
+        .filter_map(|p| {
+            let uid = p.metadata.uid.clone()?;
+            uids.contains_key(&uid).then(|| Target {
+                namespace: p.metadata.namespace.clone().unwrap_or_default(),
+                name: p.metadata.name.clone().unwrap_or_default(),
+                uid,
+            })
+        })
+        .collect();
+    Ok((targets, host))
+}
+
+/// Evict the pods behind `pids` and wait until they and the processes are gone.
+/// `still_running` re-reads NVML and returns which of the PIDs still run.
+pub async fn drain<F, Fut>(
+    client: kube::Client,
+    eviction_client: kube::Client,
+    node: &str,
+    pids: &[u32],
+    settings: &DrainSettings,
+    metrics: &Metrics,
+    still_running: F,
+) -> Result<usize, DrainError>
+where
+    F: Fn(Vec<u32>) -> Fut,
+    Fut: std::future::Future<Output = Vec<u32>>,
+{
+    let started = Instant::now();
+    let all_pods: Api<Pod> = Api::all(client.clone());
+    let (targets, host_pids) = targets(&all_pods, node, pids, settings).await?;
+    if !host_pids.is_empty() {
+        warn!(?host_pids, "processes outside any pod use the GPUs that change; waiting for them to exit");
+    }
+    info!(
+        pods = %targets.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        "draining the pods that use the GPU instances that change"
+    );
+    let mut left: BTreeSet<Target> = targets.iter().cloned().collect();
+    let mut blocked: BTreeMap<Target, String> = BTreeMap::new();
+    let mut backoff = settings.backoff;
+    let mut last_progress = Instant::now();
+    while !left.is_empty() {
+        for t in left.clone() {
+            let api: Api<Pod> = Api::namespaced(eviction_client.clone(), &t.namespace);
+            match api.evict(&t.name, &EvictParams::default()).await {
+                Ok(_) => {
+                    metrics.eviction("evicted");
+                    info!(pod = %t, "evicted");
+                    left.remove(&t);
+                    blocked.remove(&t);
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    left.remove(&t);
+                    blocked.remove(&t);
+                }
+                Err(kube::Error::Api(s)) if s.code == 429 => {
+                    metrics.eviction("blocked");
+                    blocked.insert(t, format!("blocked by a PodDisruptionBudget: {}", s.message));
+                }
+                Err(e) => {
+                    blocked.insert(t, format!("eviction failed: {e}"));
+                }
+            }
+        }
+        if left.is_empty() {
+            break;
+        }
+        check_deadline(started, settings, || {
+            left.iter()
+                .map(|t| format!("{t} {}", blocked.get(t).map_or("not evicted", String::as_str)))
+                .collect()
+        })?;
+        if last_progress.elapsed() >= Duration::from_secs(10) {
+            info!(
+                left = left.len(),
+                of = targets.len(),
+                waited = ?started.elapsed(),
+                timeout = ?settings.timeout,
+                blocked = %blocked.iter().map(|(t, why)| format!("{t}: {why}")).collect::<Vec<_>>().join("; "),
+                "draining"
+            );
+            last_progress = Instant::now();
+        }
+        let remaining = settings.timeout.saturating_sub(started.elapsed());
+        tokio::time::sleep(backoff.min(remaining)).await;
+        backoff = (backoff * 2).min(settings.max_backoff);
+    }
+    wait_until_gone(&all_pods, node, pids, &targets, started, settings, still_running).await?;
+    Ok(targets.len())
+}
+
+/// Wait for the evicted pods to leave the API and for the PIDs to leave NVML.
+async fn wait_until_gone<F, Fut>(
+    pods: &Api<Pod>,
+    node: &str,
+    pids: &[u32],
+    targets: &[Target],
+    started: Instant,
+    settings: &DrainSettings,
+    still_running: F,
+) -> Result<(), DrainError>
+where
+    F: Fn(Vec<u32>) -> Fut,
+    Fut: std::future::Future<Output = Vec<u32>>,
+{
+    let uids: BTreeSet<&str> = targets.iter().map(|t| t.uid.as_str()).collect();
+    let mut last_progress = Instant::now();
+    loop {
+        let on_node = pods
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await?;
+        let pods_left: Vec<String> = on_node
+            .items
+            .iter()
+            .filter(|p| p.metadata.uid.as_deref().is_some_and(|u| uids.contains(u)))
+            .map(|p| {
+                format!(
+                    "{}/{} still terminating",
+                    p.metadata.namespace.as_deref().unwrap_or(""),
+                    p.metadata.name.as_deref().unwrap_or("")
+                )
+            })
+            .collect();
+        let running = still_running(pids.to_vec()).await;
+        if pods_left.is_empty() && running.is_empty() {
+            return Ok(());
+        }
+        let describe = || {
+            let mut left = pods_left.clone();
+            left.extend(running.iter().map(|p| format!("PID {p} still uses the GPU")));
+            left
+        };
+        check_deadline(started, settings, describe)?;
+        if last_progress.elapsed() >= Duration::from_secs(10) {
+            info!(left = %describe().join("; "), waited = ?started.elapsed(), "waiting for GPU processes to exit");
+            last_progress = Instant::now();
+        }
+        tokio::time::sleep(settings.backoff.min(Duration::from_millis(500))).await;
+    }
+}
+
+fn check_deadline(
+    started: Instant,
+    settings: &DrainSettings,
+    left: impl FnOnce() -> Vec<String>,
+) -> Result<(), DrainError> {
+    if started.elapsed() >= settings.timeout {
+        return Err(DrainError::Timeout {
+            waited: started.elapsed(),
+            left: left(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,383 @@
+//! `gpu-share agent`: the node agent, run as a DaemonSet pod on every GPU node.
+//!
+//! It watches its own Node (for the `gpu-share.dev/profile` label) and the profiles ConfigMap
+//! with kube-runtime watchers, and reconciles when the label or the selected key's content
+//! changes, after a failure (with backoff, no label change needed) and periodically (MPS daemons
+//! and the plugin config are re-checked). State is published on the Node as a label,
+//! annotations and Events; `/healthz`, `/readyz` and `/metrics` are served over HTTP.
+
+pub mod drain;
+pub mod http;
+pub mod lease;
+pub mod metrics;
+pub mod node;
+pub mod pods;
+pub mod reconcile;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher::{self, watcher};
+use kube::{Api, Resource};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::apply::{ApplyOptions, DevicePluginOutput};
+use crate::device_plugin::SignalTarget;
+use crate::doctor::{self, DoctorOptions, Status};
+use crate::mps::daemon::{self, MpsSettings};
+use drain::DrainSettings;
+use http::Health;
+use lease::DrainSlots;
+use metrics::Metrics;
+use reconcile::{Desired, Outcome, Reconciler};
+
+/// The agent's configuration: flags, each with an environment variable for the DaemonSet.
+#[derive(clap::Args, Debug, Clone)]
+pub struct AgentArgs {
+    /// This node's name (downward API `spec.nodeName`).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// The agent's namespace: the profiles ConfigMap and the drain Leases live here.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-share")]
+    pub namespace: String,
+    /// The ConfigMap whose keys are profiles.
+    #[arg(long, env = "GPU_SHARE_CONFIGMAP", default_value = "gpu-share-profiles")]
+    pub configmap: String,
+    /// The NVML library (default: the system's libnvidia-ml.so.1).
+    #[arg(long, env = "GPU_SHARE_NVML_LIB")]
+    pub nvml_lib: Option<PathBuf>,
+    /// Where the crash-safety journal is kept (a hostPath, so it survives the pod).
+    #[arg(long, env = "GPU_SHARE_STATE_DIR", default_value = "/var/lib/gpu-share")]
+    pub state_dir: PathBuf,
+    /// The device plugin's config file (shared with the plugin container).
+    #[arg(long, env = "GPU_SHARE_PLUGIN_CONFIG")]
+    pub plugin_config: Option<PathBuf>,
+    /// How the plugin reloads a new config: `signal` (SIGHUP to --plugin-process or
+    /// --plugin-pid-file), `restart` (delete its pod on this node, selected by
+    /// --plugin-pod-selector) or `none`.
+    #[arg(long, env = "GPU_SHARE_PLUGIN_RELOAD", value_enum, default_value_t = Reload::Signal)]
+    pub plugin_reload: Reload,
+    #[arg(long, env = "GPU_SHARE_PLUGIN_PROCESS", default_value = "nvidia-device-plugin")]
+    pub plugin_process: String,
+    #[arg(long, env = "GPU_SHARE_PLUGIN_PID_FILE")]
+    pub plugin_pid_file: Option<PathBuf>,
+    #[arg(long, env = "GPU_SHARE_PLUGIN_POD_SELECTOR", default_value = "app=nvidia-device-plugin-daemonset")]
+    pub plugin_pod_selector: String,
+    /// Host /proc (hostPID): process names for the reload signal, pod cgroups for the drain.
+    #[arg(long, env = "GPU_SHARE_PROC_ROOT", default_value = "/proc")]
+    pub proc_root: PathBuf,
+    /// The MPS control binary and the MPS root shared with the plugin.
+    #[arg(long, env = "GPU_SHARE_MPS_CONTROL", default_value = daemon::DEFAULT_CONTROL_BINARY)]
+    pub mps_control: PathBuf,
+    #[arg(long, env = "GPU_SHARE_MPS_ROOT", default_value = daemon::DEFAULT_ROOT)]
+    pub mps_root: PathBuf,
+    /// At most this many nodes drain at once, fleet-wide (coordination.k8s.io Leases).
+    #[arg(long, env = "GPU_SHARE_MAX_DRAINS", default_value_t = 1)]
+    pub max_concurrent_drains: u32,
+    /// Give up a drain (state failed, node uncordoned) after this many seconds.
+    #[arg(long, env = "GPU_SHARE_DRAIN_TIMEOUT", default_value_t = 600)]
+    pub drain_timeout_secs: u64,
+    /// First wait after a refused eviction (HTTP 429); doubles up to 30 s.
+    #[arg(long, default_value_t = 1000)]
+    pub eviction_backoff_ms: u64,
+    /// Drain-slot lease duration in seconds (renewed every third of it).
+    #[arg(long, default_value_t = 60)]
+    pub lease_duration_secs: u64,
+    /// Re-check a matching node this often (MPS daemons, plugin config), in seconds.
+    #[arg(long, default_value_t = 300)]
+    pub resync_secs: u64,
+    /// /healthz, /readyz and /metrics.
+    #[arg(long, env = "GPU_SHARE_LISTEN", default_value = "0.0.0.0:9464")]
+    pub listen: SocketAddr,
+    /// The host's root as mounted in the pod, for the start-up driver and NVML checks.
+    #[arg(long, env = "GPU_SHARE_HOST_ROOT", default_value = "/")]
+    pub host_root: PathBuf,
+}
+
+/// How the device plugin picks up a new config.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reload {
+    Signal,
+    Restart,
+    None,
+}
+
+impl AgentArgs {
+    fn apply_options(&self) -> ApplyOptions {
+        let reload = match self.plugin_reload {
+            Reload::Signal => Some(match &self.plugin_pid_file {
+                Some(f) => SignalTarget::PidFile(f.clone()),
+                None => SignalTarget::ProcessName {
+                    name: self.plugin_process.clone(),
+                    proc_root: self.proc_root.clone(),
+                },
+            }),
+            Reload::Restart | Reload::None => None,
+        };
+        ApplyOptions {
+            state_dir: self.state_dir.clone(),
+            force: false,
+            device_plugin: self.plugin_config.as_ref().map(|p| DevicePluginOutput {
+                config_path: p.clone(),
+                reload,
+            }),
+            mps: MpsSettings {
+                control_binary: self.mps_control.clone(),
+                root: self.mps_root.clone(),
+                ..MpsSettings::default()
+            },
+        }
+    }
+}
+
+/// Run until SIGTERM/SIGINT.
+pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let config = kube::Config::infer()
+        .await
+        .context("cannot find the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let client = kube::Client::try_from(config.clone())?;
+    // kube's default client retries 429s by itself (up to 15 times): evictions refused by a
+    // PodDisruptionBudget must come back to the drain loop, which owns their backoff, timeout
+    // and progress lines.
+    let mut no_retry = config;
+    no_retry.default_retry = false;
+    let eviction_client = kube::Client::try_from(no_retry)?;
+    let metrics = Metrics::new();
+    let health = Health::new();
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    info!(addr = %listener.local_addr()?, "serving /healthz, /readyz and /metrics");
+    tokio::spawn(http::serve(listener, metrics.clone(), health.clone()));
+    health.set_live();
+
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node_ref = nodes
+        .get(&args.node_name)
+        .await
+        .with_context(|| format!("cannot read this node, {}", args.node_name))?
+        .object_ref(&());
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "gpu-share".into(),
+            instance: Some(args.node_name.clone()),
+        },
+    );
+    let reconciler = Reconciler {
+        client: client.clone(),
+        eviction_client,
+        node_name: args.node_name.clone(),
+        node_ref,
+        recorder,
+        metrics: metrics.clone(),
+        slots: DrainSlots::new(
+            client.clone(),
+            &args.namespace,
+            &args.node_name,
+            args.max_concurrent_drains,
+            Duration::from_secs(args.lease_duration_secs),
+        ),
+        drain: DrainSettings {
+            timeout: Duration::from_secs(args.drain_timeout_secs),
+            proc_root: args.proc_root.clone(),
+            backoff: Duration::from_millis(args.eviction_backoff_ms),
+            max_backoff: Duration::from_secs(30),
+        },
+        apply: args.apply_options(),
+        nvml_lib: args.nvml_lib.clone(),
+        plugin_pod_selector: (args.plugin_reload == Reload::Restart)
+            .then(|| args.plugin_pod_selector.clone()),
+        configmap: format!("{}/{}", args.namespace, args.configmap),
+    };
+    let doctor_ok = start_up_checks(&args, &reconciler).await;
+
+    let (node_tx, node_rx) = watch::channel(None::<Node>);
+    let (cm_tx, cm_rx) = watch::channel(None::<Option<ConfigMap>>);
+    tokio::spawn(watch_node(nodes, args.node_name.clone(), node_tx));
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &args.namespace);
+    tokio::spawn(watch_configmap(cms, args.configmap.clone(), cm_tx));
+
+    let loop_ = reconcile_loop(&args, &reconciler, node_rx, cm_rx, &health, doctor_ok);
+    tokio::select! {
+        () = loop_ => Ok(()),
+        () = shutdown_signal() => {
+            info!("shutting down");
+            Ok(())
+        }
+    }
+}
+
+/// The driver and NVML layers of `gpu-share doctor`, reported as an Event and in /readyz.
+async fn start_up_checks(args: &AgentArgs, reconciler: &Reconciler) -> Result<(), String> {
+    let options = DoctorOptions {
+        root: args.host_root.clone(),
+        ..DoctorOptions::default()
+    };
+    let lib = args.nvml_lib.clone();
+    let report = tokio::task::spawn_blocking(move || doctor::run(&options, lib.as_deref(), None))
+        .await
+        .map_err(|e| e.to_string())?;
+    let lower: Vec<&doctor::Check> = report
+        .checks
+        .iter()
+        .filter(|c| c.name == "driver" || c.name == "nvml")
+        .collect();
+    let summary: Vec<String> = lower
+        .iter()
+        .map(|c| format!("{}: {:?} — {}", c.name, c.status, c.found))
+        .collect();
+    let failed = lower.iter().any(|c| c.status == Status::Fail);
+    let (type_, reason) = if failed {
+        (kube::runtime::events::EventType::Warning, "GpuStackBroken")
+    } else {
+        (kube::runtime::events::EventType::Normal, "GpuStackChecked")
+    };
+    let event = kube::runtime::events::Event {
+        type_,
+        reason: reason.into(),
+        note: Some(summary.join("; ")),
+        action: "Doctor".into(),
+        secondary: None,
+    };
+    if let Err(e) = reconciler.recorder.publish(&event, &reconciler.node_ref).await {
+        warn!(error = %e, "could not publish the start-up check event");
+    }
+    if failed {
+        warn!(checks = %summary.join("; "), "the GPU stack below gpu-share is broken");
+        Err(summary.join("; "))
+    } else {
+        Ok(())
+    }
+}
+
+/// Keep the latest version of this node in `tx` (a watcher, with its own relists and backoff).
+async fn watch_node(api: Api<Node>, name: String, tx: watch::Sender<Option<Node>>) {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut stream = watcher(api, config).boxed();
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => {
+                tx.send_replace(Some(n));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                warn!(error = %e, "node watch failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// Keep the profiles ConfigMap in `tx`: `Some(None)` once known to be absent.
+async fn watch_configmap(api: Api<ConfigMap>, name: String, tx: watch::Sender<Option<Option<ConfigMap>>>) {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut stream = watcher(api, config).boxed();
+    let mut seen_in_init = false;
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) => {
+                seen_in_init = true;
+                tx.send_replace(Some(Some(cm)));
+            }
+            Ok(watcher::Event::Delete(_)) => {
+                tx.send_replace(Some(None));
+            }
+            Ok(watcher::Event::Init) => seen_in_init = false,
+            Ok(watcher::Event::InitDone) => {
+                if !seen_in_init {
+                    tx.send_replace(Some(None));
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "configmap watch failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// What the node's label and the ConfigMap ask for.
+fn desired(node: &Node, cm: Option<&ConfigMap>) -> Desired {
+    let Some(key) = node::label(node, node::PROFILE_LABEL) else {
+        return Desired::Nothing;
+    };
+    match cm.and_then(|c| c.data.as_ref()).and_then(|d| d.get(key)) {
+        Some(text) => Desired::Profile {
+            key: key.to_string(),
+            text: text.clone(),
+        },
+        None => Desired::MissingKey {
+            key: key.to_string(),
+        },
+    }
+}
+
+async fn reconcile_loop(
+    args: &AgentArgs,
+    reconciler: &Reconciler,
+    mut node_rx: watch::Receiver<Option<Node>>,
+    mut cm_rx: watch::Receiver<Option<Option<ConfigMap>>>,
+    health: &Health,
+    doctor: Result<(), String>,
+) {
+    // Wait until both watchers have synced: acting on a half-known world is how the NVIDIA
+    // config-manager advertised 0 GPUs at start-up (DP#1645).
+    let _ = node_rx.wait_for(Option::is_some).await;
+    let _ = cm_rx.wait_for(Option::is_some).await;
+    match &doctor {
+        Ok(()) => health.set_ready(true, "watchers synced".into()),
+        Err(why) => health.set_ready(false, format!("GPU stack check failed: {why}")),
+    }
+    let resync = Duration::from_secs(args.resync_secs);
+    let mut last: Option<Desired> = None;
+    let mut retry = Duration::from_secs(5);
+    let mut next_run = tokio::time::Instant::now();
+    loop {
+        let want = {
+            let node = node_rx.borrow_and_update().clone().expect("synced");
+            let cm = cm_rx.borrow_and_update().clone().expect("synced");
+            desired(&node, cm.as_ref())
+        };
+        let changed = last.as_ref() != Some(&want);
+        if changed || tokio::time::Instant::now() >= next_run {
+            if changed {
+                info!(?want, "reconciling");
+            }
+            // Our own state patches also wake the node watch; only a changed desire (or the
+            // retry/resync timer) reconciles.
+            next_run = match reconciler.reconcile(&want).await {
+                Outcome::Failed { .. } => {
+                    let at = tokio::time::Instant::now() + retry;
+                    retry = (retry * 2).min(Duration::from_secs(300));
+                    at
+                }
+                Outcome::Success | Outcome::Noop => {
+                    retry = Duration::from_secs(5);
+                    tokio::time::Instant::now() + resync
+                }
+            };
+            last = Some(want);
+        }
+        tokio::select! {
+            _ = node_rx.changed() => {}
+            _ = cm_rx.changed() => {}
+            () = tokio::time::sleep_until(next_run) => {}
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

@@ -1,0 +1,397 @@
+//! One reconcile: make this node match the profile its label names, safely.
+//!
+//! profile → observe → plan (pure) → if the MIG layout changes: `pending`, a fleet drain slot,
+//! cordon (remembering that we did), `draining` (only the pods on the instances that change),
+//! `applying` (MIG, MPS, plugin config, verify), uncordon, `success`. A plan without MIG change
+//! goes straight to applying, without cordon or eviction. Any failure: `failed` with the reason,
+//! an Event, the node uncordoned if we cordoned it, and nothing changed on the GPUs when the
+//! profile or geometry is invalid.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use kube::api::{DeleteParams, ListParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::Api;
+use sha2::{Digest, Sha256};
+use tracing::{info, warn};
+
+use super::drain::{drain, DrainSettings};
+use super::lease::DrainSlots;
+use super::metrics::Metrics;
+use super::node::{self, State};
+use super::pods::disturbed_processes;
+use crate::apply::{apply, ApplyError, ApplyOptions};
+use crate::gpu::Gpus;
+use crate::plan::{plan, steps, ObservedNode};
+use crate::profile::{parse_profile, Problem, Profile};
+
+/// What the labels and the ConfigMap ask for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Desired {
+    /// No profile label: leave the GPUs alone.
+    Nothing,
+    /// The label names a key the ConfigMap lacks (or the ConfigMap is missing).
+    MissingKey { key: String },
+    /// The label's key and its profile text.
+    Profile { key: String, text: String },
+}
+
+/// The sha256 of a profile's text, as published in the applied-hash annotation.
+pub fn content_hash(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Everything a reconcile needs.
+pub struct Reconciler {
+    pub client: kube::Client,
+    /// A client without kube's own 429 retries, for evictions.
+    pub eviction_client: kube::Client,
+    pub node_name: String,
+    pub node_ref: ObjectReference,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    pub slots: DrainSlots,
+    pub drain: DrainSettings,
+    pub apply: ApplyOptions,
+    pub nvml_lib: Option<PathBuf>,
+    /// Label selector of the device-plugin pods to delete after a config change, when the
+    /// plugin is restarted rather than signalled.
+    pub plugin_pod_selector: Option<String>,
+    pub configmap: String,
+}
+
+/// How a reconcile ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing to do (no label, or already matching and published).
+    Noop,
+    Success,
+    /// Failed; retry later without waiting for a label change.
+    Failed { reason: &'static str, message: String },
+}
+
+impl Reconciler {
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+
+    /// Reconcile towards `desired`; never returns an error, only an outcome it has published.
+    pub async fn reconcile(&self, desired: &Desired) -> Outcome {
+        let started = Instant::now();
+        let outcome = match desired {
+            Desired::Nothing => self.leave_alone().await,
+            Desired::MissingKey { key } => Outcome::Failed {
+                reason: "MissingProfile",
+                message: format!(
+                    "the node's label {}={key} names no key of ConfigMap {}",
+                    node::PROFILE_LABEL,
+                    self.configmap
+                ),
+            },
+            Desired::Profile { key, text } => self.make_match(key, text).await,
+        };
+        if let Outcome::Failed { reason, message } = &outcome {
+            self.fail(reason, message).await;
+        }
+        let result = match &outcome {
+            Outcome::Noop => "noop",
+            Outcome::Success => "success",
+            Outcome::Failed { .. } => "failed",
+        };
+        self.metrics.reconciled(result, started.elapsed());
+        outcome
+    }
+
+    /// No label: uncordon a node we left cordoned and drop our state; the GPUs stay as they are.
+    async fn leave_alone(&self) -> Outcome {
+        if let Err(e) = node::uncordon_if_ours(&self.nodes(), &self.node_name).await {
+            warn!(error = %e, "could not uncordon");
+        }
+        let nodes = self.nodes();
+        if let Ok(n) = nodes.get(&self.node_name).await {
+            if node::label(&n, node::STATE_LABEL).is_some() {
+                let _ = node::clear_state(&nodes, &self.node_name).await;
+            }
+        }
+        self.metrics.set_profile(None);
+        Outcome::Noop
+    }
+
+    async fn make_match(&self, key: &str, text: &str) -> Outcome {
+        let hash = content_hash(text);
+        let profile = match parse_profile(key, text) {
+            Ok(p) => p,
+            Err(problem) => return invalid(&[problem]),
+        };
+        let observed = match self.observe().await {
+            Ok(o) => o,
+            Err(e) => return failed("GpuError", e),
+        };
+        let node_plan = match plan(key, &profile, &observed) {
+            Ok(p) => p,
+            Err(problems) => return invalid(&problems),
+        };
+        let todo = steps(&node_plan, &observed);
+        let current = self.nodes().get(&self.node_name).await.ok();
+        let published = current.as_ref().is_some_and(|n| {
+            node::label(n, node::STATE_LABEL) == Some(State::Success.as_str())
+                && node::annotation(n, node::APPLIED_HASH_ANNOTATION) == Some(hash.as_str())
+        });
+        let mig_change = !todo.is_empty();
+        let outcome = if mig_change {
+            self.reconfigure(key, &profile, &hash, &observed, &todo).await
+        } else {
+            if !published {
+                self.publish(State::Applying, &format!("applying profile {key}"), None)
+                    .await;
+            }
+            self.run_apply(key, &profile).await
+        };
+        match outcome {
+            Ok(()) => {
+                self.metrics.set_profile(Some((key, &hash)));
+                if published && !mig_change {
+                    return Outcome::Noop;
+                }
+                self.publish(
+                    State::Success,
+                    &format!("profile {key} applied"),
+                    Some(&hash),
+                )
+                .await;
+                self.event(EventType::Normal, "Applied", &format!("profile {key} applied ({hash:.12})"))
+                    .await;
+                Outcome::Success
+            }
+            Err(failure) => failure,
+        }
+    }
+
+    /// A MIG change: drain what it disturbs under a fleet slot, apply, uncordon.
+    async fn reconfigure(
+        &self,
+        key: &str,
+        profile: &Profile,
+        hash: &str,
+        observed: &ObservedNode,
+        todo: &[crate::plan::Step],
+    ) -> Result<(), Outcome> {
+        self.publish(
+            State::Pending,
+            &format!("waiting for a drain slot to apply profile {key}"),
+            None,
+        )
+        .await;
+        let slot = self
+            .slots
+            .acquire(self.drain.timeout)
+            .await
+            .map_err(|e| failed("DrainSlotTimeout", e))?;
+        let renewal = slot.spawn_renewal();
+        let result = self
+            .drain_and_apply(key, profile, hash, observed, todo)
+            .await;
+        renewal.abort();
+        match node::uncordon_if_ours(&self.nodes(), &self.node_name).await {
+            Ok(true) => info!("node uncordoned"),
+            Ok(false) => {}
+            Err(e) => warn!(error = %e, "could not uncordon; will retry"),
+        }
+        slot.release().await;
+        result
+    }
+
+    async fn drain_and_apply(
+        &self,
+        key: &str,
+        profile: &Profile,
+        hash: &str,
+        observed: &ObservedNode,
+        todo: &[crate::plan::Step],
+    ) -> Result<(), Outcome> {
+        let reason = format!("gpu-share: reconfiguring MIG for profile {key} ({hash:.12})");
+        let cordoned = node::cordon(&self.nodes(), &self.node_name, &reason)
+            .await
+            .map_err(|e| failed("ApiError", e))?;
+        if cordoned {
+            self.event(EventType::Normal, "Cordoned", &reason).await;
+        }
+        let pids: Vec<u32> = disturbed_processes(todo, observed)
+            .into_iter()
+            .map(|(_, pid)| pid)
+            .collect();
+        if !pids.is_empty() {
+            self.publish(
+                State::Draining,
+                &format!("evicting the pods that use the GPU instances profile {key} changes"),
+                None,
+            )
+            .await;
+            let lib = self.nvml_lib.clone();
+            let evicted = drain(
+                self.client.clone(),
+                self.eviction_client.clone(),
+                &self.node_name,
+                &pids,
+                &self.drain,
+                &self.metrics,
+                move |pids| still_running(lib.clone(), pids),
+            )
+            .await
+            .map_err(|e| failed("DrainTimeout", e))?;
+            self.event(
+                EventType::Normal,
+                "Drained",
+                &format!("{evicted} pod(s) evicted from the GPU instances that change"),
+            )
+            .await;
+        }
+        self.publish(State::Applying, &format!("applying profile {key}"), None)
+            .await;
+        self.run_apply(key, profile).await
+    }
+
+    /// `gpu-share apply` on this node (blocking NVML work off the async threads), then restart
+    /// the plugin pods when that is how the plugin reloads.
+    async fn run_apply(&self, key: &str, profile: &Profile) -> Result<(), Outcome> {
+        let (lib, opts) = (self.nvml_lib.clone(), self.apply.clone());
+        let (key_owned, profile) = (key.to_string(), profile.clone());
+        let report = tokio::task::spawn_blocking(move || {
+            let gpus = Gpus::open(lib.as_deref())?;
+            apply(&gpus, &key_owned, &profile, &opts)
+        })
+        .await
+        .map_err(|e| failed("ApplyFailed", e))?
+        .map_err(|e| match e {
+            ApplyError::Invalid(problems) => invalid(&problems),
+            other => failed("ApplyFailed", other),
+        })?;
+        if !report.steps.is_empty() {
+            let steps: Vec<String> = report.steps.iter().map(ToString::to_string).collect();
+            self.event(EventType::Normal, "Reconfigured", &steps.join("; "))
+                .await;
+        }
+        if !report.reset_required.is_empty() {
+            return Err(Outcome::Failed {
+                reason: "ResetRequired",
+                message: format!(
+                    "the MIG mode change on GPU {:?} waits for a GPU reset or reboot",
+                    report.reset_required
+                ),
+            });
+        }
+        if report.plugin_config_written {
+            self.restart_plugin_pods().await;
+        }
+        Ok(())
+    }
+
+    async fn restart_plugin_pods(&self) {
+        let Some(selector) = &self.plugin_pod_selector else {
+            return;
+        };
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let params = ListParams::default()
+            .labels(selector)
+            .fields(&format!("spec.nodeName={}", self.node_name));
+        match pods.list(&params).await {
+            Ok(list) => {
+                for p in list.items {
+                    let (ns, name) = (
+                        p.metadata.namespace.unwrap_or_default(),
+                        p.metadata.name.unwrap_or_default(),
+                    );
+                    let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+                    match api.delete(&name, &DeleteParams::default()).await {
+                        Ok(_) => info!(pod = %format!("{ns}/{name}"), "device-plugin pod restarted to load the new config"),
+                        Err(e) => warn!(error = %e, "could not restart the device-plugin pod"),
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "could not list the device-plugin pods"),
+        }
+    }
+
+    async fn observe(&self) -> Result<ObservedNode, String> {
+        let lib = self.nvml_lib.clone();
+        tokio::task::spawn_blocking(move || {
+            Gpus::open(lib.as_deref())
+                .and_then(|g| g.observe())
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())?
+    }
+
+    async fn publish(&self, state: State, reason: &str, hash: Option<&str>) {
+        self.metrics.set_state(state.as_str());
+        if let Err(e) = node::set_state(&self.nodes(), &self.node_name, state, reason, hash).await {
+            warn!(error = %e, state = state.as_str(), "could not publish the state on the node");
+        }
+    }
+
+    async fn fail(&self, reason: &'static str, message: &str) {
+        warn!(reason, message, "reconcile failed");
+        self.metrics.failed(reason);
+        self.publish(State::Failed, message, None).await;
+        self.event(EventType::Warning, reason, message).await;
+        match node::uncordon_if_ours(&self.nodes(), &self.node_name).await {
+            Ok(true) => info!("node uncordoned after the failure"),
+            Ok(false) => {}
+            Err(e) => warn!(error = %e, "could not uncordon after the failure"),
+        }
+    }
+
+    async fn event(&self, type_: EventType, reason: &str, note: &str) {
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &self.node_ref).await {
+            warn!(error = %e, "could not publish an event");
+        }
+    }
+}
+
+/// Which of `pids` NVML still lists.
+async fn still_running(lib: Option<PathBuf>, pids: Vec<u32>) -> Vec<u32> {
+    tokio::task::spawn_blocking(move || {
+        let Ok(node) = Gpus::open(lib.as_deref()).and_then(|g| g.observe()) else {
+            return pids;
+        };
+        pids.into_iter()
+            .filter(|pid| {
+                node.gpus
+                    .iter()
+                    .any(|g| g.processes.iter().any(|p| p.pid == *pid))
+            })
+            .collect()
+    })
+    .await
+    .unwrap_or_default()
+}
+
+fn invalid(problems: &[Problem]) -> Outcome {
+    let errors: Vec<String> = problems
+        .iter()
+        .filter(|p| p.is_error())
+        .map(ToString::to_string)
+        .collect();
+    Outcome::Failed {
+        reason: "InvalidProfile",
+        message: format!("nothing was changed: {}", errors.join("; ")),
+    }
+}
+
+fn failed(reason: &'static str, e: impl std::fmt::Display) -> Outcome {
+    Outcome::Failed {
+        reason,
+        message: e.to_string(),
+    }
+}
