@@ -430,6 +430,69 @@ async fn two_pdbs_over_one_pod_is_a_500() {
 }
 
 #[tokio::test]
+async fn stale_pdb_status_and_pinned_expected_pods() {
+    let double = KubeDouble::start();
+    for name in ["a", "b"] {
+        double.put_pod(fixtures::running_pod(
+            "apps",
+            name,
+            "gpu-1",
+            &[("app", "web")],
+        ));
+    }
+    double.put_pdb(fixtures::pdb_max_unavailable(
+        "apps",
+        "web",
+        &[("app", "web")],
+        1,
+    ));
+    let client = double.client_no_retry();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "apps");
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client, "apps");
+
+    // The controller has not seen the new spec yet: 429 "still being processed".
+    double.pause_disruption_controller(true);
+    pdbs.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"maxUnavailable": 2}})),
+    )
+    .await
+    .unwrap();
+    let err = api_status(pods.evict("a", &EvictParams::default()).await.unwrap_err());
+    assert_eq!(err.code, 429);
+    assert!(err.details.unwrap().causes[0]
+        .message
+        .contains("is still being processed"));
+    double.pause_disruption_controller(false);
+
+    // The owning controller wants 4 replicas: 2 healthy of 4 expected, maxUnavailable 2 →
+    // no disruption allowed.
+    double.set_pdb_expected_pods("apps", "web", Some(4));
+    let st = double.pdb("apps", "web").unwrap().status.unwrap();
+    assert_eq!(
+        (st.expected_pods, st.desired_healthy, st.disruptions_allowed),
+        (4, 2, 0)
+    );
+    assert_eq!(
+        api_status(pods.evict("a", &EvictParams::default()).await.unwrap_err()).code,
+        429
+    );
+    double.set_pdb_expected_pods("apps", "web", None);
+    pods.evict("a", &EvictParams::default()).await.unwrap();
+
+    // A pod seeded as terminating stays until the kubelet part finishes it.
+    let mut t = fixtures::running_pod("apps", "t", "gpu-1", &[]);
+    t.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    double.put_pod(t);
+    assert!(double.pod("apps", "t").is_some());
+    assert!(double.finish_pod_termination("apps", "t"));
+    assert!(double.pod("apps", "t").is_none());
+}
+
+#[tokio::test]
 async fn graceful_delete_keeps_pod_terminating_for_a_while() {
     let double = KubeDouble::start();
     double.set_pod_termination(PodTermination::After(Duration::from_millis(300)));
