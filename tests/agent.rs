@@ -22,14 +22,29 @@ const PROFILE_LABEL: &str = "gpu-share.dev/profile";
 const STATE_LABEL: &str = "gpu-share.dev/profile.state";
 
 fn profile_text(name: &str) -> String {
-    std::fs::read_to_string(format!("{}/profiles/{name}.yaml", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    std::fs::read_to_string(format!(
+        "{}/profiles/{name}.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
 }
 
 /// The profiles ConfigMap with a few example profiles, under their file names.
 fn profiles_configmap(api: &KubeDouble) {
-    let names = ["h100-balanced", "h100-inference", "exclusive", "homelab-timeslice"];
-    let texts: Vec<(String, String)> = names.iter().map(|n| (n.to_string(), profile_text(n))).collect();
-    let data: Vec<(&str, &str)> = texts.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let names = [
+        "h100-balanced",
+        "h100-inference",
+        "exclusive",
+        "homelab-timeslice",
+    ];
+    let texts: Vec<(String, String)> = names
+        .iter()
+        .map(|n| (n.to_string(), profile_text(n)))
+        .collect();
+    let data: Vec<(&str, &str)> = texts
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
     api.put_configmap(fixtures::configmap(NS, CM, &data));
 }
 
@@ -46,7 +61,9 @@ struct Node {
 impl Node {
     fn new(api: &Arc<KubeDouble>, name: &str, gpus: Vec<Gpu>) -> Node {
         let dir = tempfile::tempdir().unwrap();
-        State::with_gpus(gpus).write_to(dir.path().join("nvml.json")).unwrap();
+        State::with_gpus(gpus)
+            .write_to(dir.path().join("nvml.json"))
+            .unwrap();
         // What the start-up check reads on the host.
         let host = dir.path().join("host");
         std::fs::create_dir_all(host.join("proc/driver/nvidia")).unwrap();
@@ -60,7 +77,8 @@ impl Node {
             std::fs::write(host.join("dev").join(dev), "").unwrap();
         }
         std::fs::create_dir_all(dir.path().join("proc")).unwrap();
-        api.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
+        api.write_kubeconfig(&dir.path().join("kubeconfig"))
+            .unwrap();
         api.put_node(fixtures::node(name, &[]));
         let node = Node {
             name: name.to_string(),
@@ -78,10 +96,21 @@ impl Node {
     }
 
     fn start_agent(&mut self, extra: &[&str]) {
-        let log = std::fs::File::create(self.path(&format!("agent-{}.log", Instant::now().elapsed().as_nanos()))).unwrap();
+        let log = std::fs::File::create(self.path(&format!(
+            "agent-{}.log",
+            Instant::now().elapsed().as_nanos()
+        )))
+        .unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
             .arg("agent")
-            .args(["--lease-duration-secs", "2", "--eviction-backoff-ms", "100", "--resync-secs", "2"])
+            .args([
+                "--lease-duration-secs",
+                "2",
+                "--eviction-backoff-ms",
+                "100",
+                "--resync-secs",
+                "2",
+            ])
             .args(extra)
             .env("KUBECONFIG", self.path("kubeconfig"))
             .env("NODE_NAME", &self.name)
@@ -119,13 +148,26 @@ impl Node {
 
     /// A pod on this node whose process `pid` runs on GPU instance `gi` of GPU `gpu`.
     fn workload(&self, api: &KubeDouble, pod: &str, pid: u32, gpu: usize, gi: u32) -> String {
-        let p = api.put_pod(fixtures::gpu_pod("default", pod, &self.name, &[("app", pod)], "nvidia.com/mig-1g.10gb", 1));
+        let p = api.put_pod(fixtures::gpu_pod(
+            "default",
+            pod,
+            &self.name,
+            &[("app", pod)],
+            "nvidia.com/mig-1g.10gb",
+            1,
+        ));
         let uid = p.metadata.uid.clone().expect("the double assigns UIDs");
         let cgroup = self.path(&format!("proc/{pid}"));
         std::fs::create_dir_all(&cgroup).unwrap();
-        std::fs::write(cgroup.join("cgroup"), format!("0::/kubepods/besteffort/pod{uid}/c0ffee\n")).unwrap();
+        std::fs::write(
+            cgroup.join("cgroup"),
+            format!("0::/kubepods/besteffort/pod{uid}/c0ffee\n"),
+        )
+        .unwrap();
         let mut state = self.nvml();
-        state.gpus[gpu].processes.push(Process::on_mig(pid, 1024, gi, 0));
+        state.gpus[gpu]
+            .processes
+            .push(Process::on_mig(pid, 1024, gi, 0));
         state.write_to(self.path("nvml.json")).unwrap();
         self.workloads.lock().unwrap().insert(pid, uid.clone());
         uid
@@ -133,12 +175,20 @@ impl Node {
 
     /// The kubelet's part: processes of deleted pods exit.
     fn run_kubelet(&self, api: &Arc<KubeDouble>) {
-        let (alive, workloads, state, api) =
-            (self.kubelet.clone(), self.workloads.clone(), self.path("nvml.json"), Arc::clone(api));
+        let (alive, workloads, state, api) = (
+            self.kubelet.clone(),
+            self.workloads.clone(),
+            self.path("nvml.json"),
+            Arc::clone(api),
+        );
         let node = self.name.clone();
         std::thread::spawn(move || {
             while alive.load(Ordering::SeqCst) {
-                let uids: Vec<String> = api.pods_on(&node).iter().filter_map(|p| p.metadata.uid.clone()).collect();
+                let uids: Vec<String> = api
+                    .pods_on(&node)
+                    .iter()
+                    .filter_map(|p| p.metadata.uid.clone())
+                    .collect();
                 let gone: Vec<u32> = workloads
                     .lock()
                     .unwrap()
@@ -152,7 +202,10 @@ impl Node {
                         g.processes.retain(|p| !gone.contains(&p.pid));
                     }
                     s.write_to(&state).unwrap();
-                    workloads.lock().unwrap().retain(|pid, _| !gone.contains(pid));
+                    workloads
+                        .lock()
+                        .unwrap()
+                        .retain(|pid, _| !gone.contains(pid));
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -186,7 +239,10 @@ impl Node {
         if !self.path("nvml.log").exists() {
             return 0;
         }
-        read_log(self.path("nvml.log")).iter().filter(|e| e.result == "NVML_SUCCESS").count()
+        read_log(self.path("nvml.log"))
+            .iter()
+            .filter(|e| e.result == "NVML_SUCCESS")
+            .count()
     }
 
     fn log(&self) -> String {
@@ -194,7 +250,10 @@ impl Node {
         for e in std::fs::read_dir(self.dir.path()).unwrap().flatten() {
             if e.file_name().to_string_lossy().starts_with("agent-") {
                 let mut s = String::new();
-                std::fs::File::open(e.path()).unwrap().read_to_string(&mut s).unwrap();
+                std::fs::File::open(e.path())
+                    .unwrap()
+                    .read_to_string(&mut s)
+                    .unwrap();
                 all.push_str(&s);
             }
         }
@@ -218,11 +277,15 @@ fn annotation(api: &KubeDouble, node: &str, key: &str) -> Option<String> {
 }
 
 fn unschedulable(api: &KubeDouble, node: &str) -> bool {
-    api.node(node).and_then(|n| n.spec?.unschedulable).unwrap_or(false)
+    api.node(node)
+        .and_then(|n| n.spec?.unschedulable)
+        .unwrap_or(false)
 }
 
 fn wait_state(api: &KubeDouble, node: &Node, want: &str, timeout: Duration) {
-    let ok = api.wait_until(timeout, |a| state_of(a, &node.name).as_deref() == Some(want));
+    let ok = api.wait_until(timeout, |a| {
+        state_of(a, &node.name).as_deref() == Some(want)
+    });
     assert!(
         ok,
         "{}: state {:?}, wanted {want}; reason {:?}\nagent log:\n{}",
@@ -238,9 +301,17 @@ fn wait_applied(api: &KubeDouble, node: &Node, profile: &str) {
     let hash = sha256(&profile_text(profile));
     let ok = api.wait_until(Duration::from_secs(30), |a| {
         state_of(a, &node.name).as_deref() == Some("success")
-            && annotation(a, &node.name, "gpu-share.dev/profile.applied-hash").as_deref() == Some(hash.as_str())
+            && annotation(a, &node.name, "gpu-share.dev/profile.applied-hash").as_deref()
+                == Some(hash.as_str())
     });
-    assert!(ok, "{}: {profile} not applied; state {:?}, reason {:?}\n{}", node.name, state_of(api, &node.name), annotation(api, &node.name, "gpu-share.dev/profile.reason"), node.log());
+    assert!(
+        ok,
+        "{}: {profile} not applied; state {:?}, reason {:?}\n{}",
+        node.name,
+        state_of(api, &node.name),
+        annotation(api, &node.name, "gpu-share.dev/profile.reason"),
+        node.log()
+    );
 }
 
 fn h100s(n: usize) -> Vec<Gpu> {
@@ -249,7 +320,10 @@ fn h100s(n: usize) -> Vec<Gpu> {
 
 fn sha256(text: &str) -> String {
     use sha2::Digest;
-    sha2::Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    sha2::Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[test]
@@ -264,8 +338,15 @@ fn label_set_changed_and_removed() {
     let t0 = Instant::now();
     api.set_node_label("gpu-1", PROFILE_LABEL, Some("h100-balanced"));
     let config = node.path("plugin/config.yaml");
-    assert!(api.wait_until(Duration::from_secs(20), |_| config.exists()), "{}", node.log());
-    eprintln!("label set → device-plugin config written: {:?}", t0.elapsed());
+    assert!(
+        api.wait_until(Duration::from_secs(20), |_| config.exists()),
+        "{}",
+        node.log()
+    );
+    eprintln!(
+        "label set → device-plugin config written: {:?}",
+        t0.elapsed()
+    );
     wait_state(&api, &node, "success", Duration::from_secs(20));
     assert_eq!(
         annotation(&api, "gpu-1", "gpu-share.dev/profile.applied-hash"),
@@ -273,7 +354,11 @@ fn label_set_changed_and_removed() {
     );
     assert_eq!(node.nvml().gpus[0].gpu_instances.len(), 5);
     assert!(!unschedulable(&api, "gpu-1"), "uncordoned after the change");
-    let reasons: Vec<String> = api.events().iter().filter_map(|e| e.reason.clone()).collect();
+    let reasons: Vec<String> = api
+        .events()
+        .iter()
+        .filter_map(|e| e.reason.clone())
+        .collect();
     assert!(reasons.contains(&"Applied".to_string()), "{reasons:?}");
 
     // A workload on a 1g.10gb that h100-inference keeps, and one on the 3g.40gb it destroys.
@@ -285,7 +370,11 @@ fn label_set_changed_and_removed() {
     api.set_node_label("gpu-1", PROFILE_LABEL, Some("h100-inference"));
     wait_applied(&api, &node, "h100-inference");
     let evicted: Vec<String> = api.evictions().iter().map(|e| e.pod.clone()).collect();
-    assert_eq!(evicted, ["moves"], "only the pod on the destroyed instance is evicted");
+    assert_eq!(
+        evicted,
+        ["moves"],
+        "only the pod on the destroyed instance is evicted"
+    );
     assert!(api.pod("default", "stays").is_some());
     // h100-balanced → h100-inference on 2 GPUs (both in its "0-3" MIG rule): only the two
     // 3g.40gb go; the eight 1g.10gb stay where they are.
@@ -302,7 +391,11 @@ fn label_set_changed_and_removed() {
 
     // Idle resident memory, for the note.
     let status = std::fs::read_to_string(format!("/proc/{}/status", node.agent_pid())).unwrap();
-    let rss = status.lines().find(|l| l.starts_with("VmRSS")).unwrap_or("").to_string();
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS"))
+        .unwrap_or("")
+        .to_string();
     eprintln!("agent idle {rss}");
 }
 
@@ -317,9 +410,13 @@ fn an_edited_configmap_key_is_applied_and_an_invalid_one_changes_nothing() {
 
     let edited = profile_text("h100-balanced").replace("1g.10gb: 4", "1g.10gb: 3");
     api.update_configmap_key(NS, CM, "h100-balanced", Some(&edited));
-    assert!(api.wait_until(Duration::from_secs(20), |a| {
-        annotation(a, "gpu-2", "gpu-share.dev/profile.applied-hash") == Some(sha256(&edited))
-    }), "{}", node.log());
+    assert!(
+        api.wait_until(Duration::from_secs(20), |a| {
+            annotation(a, "gpu-2", "gpu-share.dev/profile.applied-hash") == Some(sha256(&edited))
+        }),
+        "{}",
+        node.log()
+    );
     assert_eq!(node.nvml().gpus[0].gpu_instances.len(), 4);
 
     let before = node.mutations();
@@ -327,9 +424,19 @@ fn an_edited_configmap_key_is_applied_and_an_invalid_one_changes_nothing() {
     api.update_configmap_key(NS, CM, "h100-balanced", Some(&broken));
     wait_state(&api, &node, "failed", Duration::from_secs(20));
     let reason = annotation(&api, "gpu-2", "gpu-share.dev/profile.reason").unwrap();
-    assert!(reason.contains("nothing was changed") && reason.contains("rule 1"), "{reason}");
-    assert!(reason.contains("9 × 1g.10gb asked, but at most 7"), "{reason}");
-    assert_eq!(node.mutations(), before, "an invalid profile changes nothing on the GPUs");
+    assert!(
+        reason.contains("nothing was changed") && reason.contains("rule 1"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("9 × 1g.10gb asked, but at most 7"),
+        "{reason}"
+    );
+    assert_eq!(
+        node.mutations(),
+        before,
+        "an invalid profile changes nothing on the GPUs"
+    );
     assert!(!unschedulable(&api, "gpu-2"));
 }
 
@@ -343,11 +450,19 @@ fn a_pdb_blocks_the_drain_then_allows_it_and_a_restarted_agent_finishes() {
     wait_state(&api, &node, "success", Duration::from_secs(20));
     let gi = node.gi_at(0, 4);
     node.workload(&api, "guarded", 5001, 0, gi);
-    api.put_pdb(fixtures::pdb_min_available("default", "guard", &[("app", "guarded")], 1));
+    api.put_pdb(fixtures::pdb_min_available(
+        "default",
+        "guard",
+        &[("app", "guarded")],
+        1,
+    ));
 
     api.set_node_label("gpu-3", PROFILE_LABEL, Some("h100-inference"));
     wait_state(&api, &node, "draining", Duration::from_secs(20));
-    assert!(api.wait_until(Duration::from_secs(10), |a| a.evictions().iter().any(|e| e.code == 429)));
+    assert!(api.wait_until(Duration::from_secs(10), |a| a
+        .evictions()
+        .iter()
+        .any(|e| e.code == 429)));
     assert!(unschedulable(&api, "gpu-3"), "cordoned while draining");
     let cordon_reason = annotation(&api, "gpu-3", "gpu-share.dev/cordoned").unwrap();
     assert!(cordon_reason.contains("h100-inference"), "{cordon_reason}");
@@ -357,14 +472,22 @@ fn a_pdb_blocks_the_drain_then_allows_it_and_a_restarted_agent_finishes() {
     assert!(unschedulable(&api, "gpu-3"));
     node.start_agent(&[]);
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(state_of(&api, "gpu-3").as_deref(), Some("draining"), "{}", node.log());
+    assert_eq!(
+        state_of(&api, "gpu-3").as_deref(),
+        Some("draining"),
+        "{}",
+        node.log()
+    );
 
     // The budget allows it now: the restarted agent finishes and uncordons.
     api.remove::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(Some("default"), "guard");
     wait_applied(&api, &node, "h100-inference");
     assert!(!unschedulable(&api, "gpu-3"));
     assert!(api.pod("default", "guarded").is_none());
-    assert!(node.log().contains("draining"), "progress lines while waiting");
+    assert!(
+        node.log().contains("draining"),
+        "progress lines while waiting"
+    );
 }
 
 #[test]
@@ -377,13 +500,21 @@ fn a_drain_that_never_ends_fails_clearly_and_uncordons() {
     wait_state(&api, &node, "success", Duration::from_secs(20));
     let gi = node.gi_at(0, 4);
     node.workload(&api, "pinned", 6001, 0, gi);
-    api.put_pdb(fixtures::pdb_min_available("default", "pin", &[("app", "pinned")], 1));
+    api.put_pdb(fixtures::pdb_min_available(
+        "default",
+        "pin",
+        &[("app", "pinned")],
+        1,
+    ));
     let before = node.mutations();
 
     api.set_node_label("gpu-4", PROFILE_LABEL, Some("h100-inference"));
     wait_state(&api, &node, "failed", Duration::from_secs(20));
     let reason = annotation(&api, "gpu-4", "gpu-share.dev/profile.reason").unwrap();
-    assert!(reason.contains("drain timed out") && reason.contains("default/pinned"), "{reason}");
+    assert!(
+        reason.contains("drain timed out") && reason.contains("default/pinned"),
+        "{reason}"
+    );
     assert!(!unschedulable(&api, "gpu-4"), "uncordoned after giving up");
     assert_eq!(node.mutations(), before, "nothing changed on the GPUs");
     assert!(api.pod("default", "pinned").is_some());
@@ -406,28 +537,46 @@ fn two_nodes_share_one_drain_slot() {
     for (n, pid) in [(&a, 7001), (&b, 7002)] {
         let gi = n.gi_at(0, 4);
         n.workload(&api, &format!("w-{}", n.name), pid, 0, gi);
-        api.put_pdb(fixtures::pdb_min_available("default", &format!("pdb-{}", n.name), &[("app", &format!("w-{}", n.name))], 1));
+        api.put_pdb(fixtures::pdb_min_available(
+            "default",
+            &format!("pdb-{}", n.name),
+            &[("app", &format!("w-{}", n.name))],
+            1,
+        ));
     }
     api.set_node_label("gpu-a", PROFILE_LABEL, Some("h100-inference"));
     api.set_node_label("gpu-b", PROFILE_LABEL, Some("h100-inference"));
     let deadline = Instant::now() + Duration::from_secs(3);
     let mut max_cordoned = 0;
     while Instant::now() < deadline {
-        let cordoned = ["gpu-a", "gpu-b"].iter().filter(|n| unschedulable(&api, n)).count();
+        let cordoned = ["gpu-a", "gpu-b"]
+            .iter()
+            .filter(|n| unschedulable(&api, n))
+            .count();
         max_cordoned = max_cordoned.max(cordoned);
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(max_cordoned, 1, "one node drains at a time");
-    let waiting = [&a, &b].iter().filter(|n| state_of(&api, &n.name).as_deref() == Some("pending")).count();
+    let waiting = [&a, &b]
+        .iter()
+        .filter(|n| state_of(&api, &n.name).as_deref() == Some("pending"))
+        .count();
     assert_eq!(waiting, 1, "the other waits for the slot");
     for n in ["gpu-a", "gpu-b"] {
-        api.remove::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(Some("default"), &format!("pdb-{n}"));
+        api.remove::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(
+            Some("default"),
+            &format!("pdb-{n}"),
+        );
     }
     let mut max_cordoned = 0;
     let done = api.wait_until(Duration::from_secs(40), |api| {
-        let cordoned = ["gpu-a", "gpu-b"].iter().filter(|n| unschedulable(api, n)).count();
+        let cordoned = ["gpu-a", "gpu-b"]
+            .iter()
+            .filter(|n| unschedulable(api, n))
+            .count();
         max_cordoned = max_cordoned.max(cordoned);
-        state_of(api, "gpu-a").as_deref() == Some("success") && state_of(api, "gpu-b").as_deref() == Some("success")
+        state_of(api, "gpu-a").as_deref() == Some("success")
+            && state_of(api, "gpu-b").as_deref() == Some("success")
     });
     assert!(done, "a: {}\nb: {}", a.log(), b.log());
     assert!(max_cordoned <= 1, "never two nodes cordoned at once");

@@ -266,13 +266,16 @@ async fn concurrent_acquirers_never_share_a_slot() {
         // Who holds which slot, by our own bookkeeping, checked against the apiserver's.
         let held: Arc<Mutex<HashMap<String, String>>> = Arc::default();
         let peak = Arc::new(Mutex::new(0usize));
+        // Clients first (building one takes a while), then all acquirers start together.
+        let start = Arc::new(tokio::sync::Barrier::new(5));
         let mut tasks = Vec::new();
         for i in 0..5 {
             let node = format!("node-{n}-{i}");
             let slots = DrainSlots::new(double.client(), NS, &node, n, LEASE);
-            let (held, peak) = (Arc::clone(&held), Arc::clone(&peak));
+            let (held, peak, start) = (Arc::clone(&held), Arc::clone(&peak), Arc::clone(&start));
             let client = double.client();
             tasks.push(tokio::spawn(async move {
+                start.wait().await;
                 let slot = slots.acquire(Duration::from_secs(8)).await.unwrap();
                 {
                     let mut h = held.lock().unwrap();
@@ -368,15 +371,25 @@ async fn api_500s_are_retried_then_surfaced() {
     assert!(lease_writes(&double, Verb::Update).len() > 4);
     double.clear_faults();
 
-    // Creating the first Lease fails the same way.
+    // 503s: kube's client retries them itself, for minutes; each call is cut short instead.
     double.remove::<Lease>(Some(NS), &slot_name(0));
     double.fail_next(Verb::Create, "leases", 1000, Fault::Status(503));
+    let started = Instant::now();
     let err = a.acquire(Duration::from_millis(300)).await.unwrap_err();
     assert!(
-        err.to_string()
-            .starts_with("lease gpu-share/gpu-share-drain-0: create failed: 503"),
-        "{err}"
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
     );
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("lease gpu-share/gpu-share-drain-0: create failed:")
+            && msg.contains("no answer within 1s"),
+        "{msg}"
+    );
+    assert!(lease_writes(&double, Verb::Create)
+        .iter()
+        .all(|(code, _)| *code == 503));
     double.clear_faults();
     a.acquire(Duration::ZERO).await.unwrap();
 }

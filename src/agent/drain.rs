@@ -113,7 +113,10 @@ where
     let all_pods: Api<Pod> = Api::all(client.clone());
     let (targets, host_pids) = targets(&all_pods, node, pids, settings).await?;
     if !host_pids.is_empty() {
-        warn!(?host_pids, "processes outside any pod use the GPUs that change; waiting for them to exit");
+        warn!(
+            ?host_pids,
+            "processes outside any pod use the GPUs that change; waiting for them to exit"
+        );
     }
     info!(
         pods = %targets.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
@@ -139,7 +142,10 @@ where
                 }
                 Err(kube::Error::Api(s)) if s.code == 429 => {
                     metrics.eviction("blocked");
-                    blocked.insert(t, format!("blocked by a PodDisruptionBudget: {}", s.message));
+                    blocked.insert(
+                        t,
+                        format!("blocked by a PodDisruptionBudget: {}", s.message),
+                    );
                 }
                 Err(e) => {
                     blocked.insert(t, format!("eviction failed: {e}"));
@@ -151,7 +157,12 @@ where
         }
         check_deadline(started, settings, || {
             left.iter()
-                .map(|t| format!("{t} {}", blocked.get(t).map_or("not evicted", String::as_str)))
+                .map(|t| {
+                    format!(
+                        "{t} {}",
+                        blocked.get(t).map_or("not evicted", String::as_str)
+                    )
+                })
                 .collect()
         })?;
         if last_progress.elapsed() >= Duration::from_secs(10) {
@@ -169,7 +180,16 @@ where
         tokio::time::sleep(backoff.min(remaining)).await;
         backoff = (backoff * 2).min(settings.max_backoff);
     }
-    wait_until_gone(&all_pods, node, pids, &targets, started, settings, still_running).await?;
+    wait_until_gone(
+        &all_pods,
+        node,
+        pids,
+        &targets,
+        started,
+        settings,
+        still_running,
+    )
+    .await?;
     Ok(targets.len())
 }
 
@@ -211,7 +231,11 @@ where
         }
         let describe = || {
             let mut left = pods_left.clone();
-            left.extend(running.iter().map(|p| format!("PID {p} still uses the GPU")));
+            left.extend(
+                running
+                    .iter()
+                    .map(|p| format!("PID {p} still uses the GPU")),
+            );
             left
         };
         check_deadline(started, settings, describe)?;

@@ -207,6 +207,30 @@ struct Ctx {
 }
 
 impl Ctx {
+    /// The longest one API call may take. kube's client retries 429, 503 and 504 on its own
+    /// with a backoff that can grow to minutes, so every call is bounded; running out counts as
+    /// a transient failure.
+    fn call_timeout(&self) -> Duration {
+        (self.lease_duration / 3).clamp(Duration::from_secs(1), Duration::from_secs(10))
+    }
+
+    async fn call<T>(
+        &self,
+        request: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        let limit = self.call_timeout();
+        match tokio::time::timeout(limit, request).await {
+            Ok(r) => r,
+            Err(_) => Err(kube::Error::Service(
+                format!(
+                    "no answer within {} (the client retries 429, 503 and 504 itself)",
+                    fmt_duration(limit)
+                )
+                .into(),
+            )),
+        }
+    }
+
     fn api_error(&self, lease: &str, op: &'static str, error: kube::Error) -> LeaseError {
         LeaseError::Api {
             namespace: self.namespace.clone(),
@@ -237,7 +261,8 @@ impl Ctx {
         spec.holder_identity = Some(self.holder.clone());
         spec.renew_time = Some(now);
         spec.lease_duration_seconds = Some(duration_secs(self.lease_duration));
-        self.api.replace(name, &PostParams::default(), &lease).await
+        self.call(self.api.replace(name, &PostParams::default(), &lease))
+            .await
     }
 
     async fn create(&self, name: &str) -> Result<Lease, kube::Error> {
@@ -264,14 +289,15 @@ impl Ctx {
                 ..Default::default()
             }),
         };
-        self.api.create(&PostParams::default(), &lease).await
+        self.call(self.api.create(&PostParams::default(), &lease))
+            .await
     }
 
     /// Renews `name` if we still hold it.
     async fn renew(&self, name: &str) -> Result<(), LeaseError> {
         let mut last = None;
         for _ in 0..WRITE_ATTEMPTS {
-            let lease = match self.api.get_opt(name).await {
+            let lease = match self.call(self.api.get_opt(name)).await {
                 Ok(Some(l)) => l,
                 Ok(None) => return Err(self.lost(name, None)),
                 Err(e) if is_transient(&e) => {
@@ -301,7 +327,7 @@ impl Ctx {
     async fn release(&self, name: &str) -> Result<(), LeaseError> {
         let mut last = None;
         for _ in 0..WRITE_ATTEMPTS {
-            let mut lease = match self.api.get_opt(name).await {
+            let mut lease = match self.call(self.api.get_opt(name)).await {
                 Ok(Some(l)) => l,
                 Ok(None) => return Ok(()),
                 Err(e) if is_transient(&e) => {
@@ -325,7 +351,10 @@ impl Ctx {
             let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
             spec.holder_identity = None;
             spec.renew_time = Some(MicroTime(Timestamp::now()));
-            match self.api.replace(name, &PostParams::default(), &lease).await {
+            match self
+                .call(self.api.replace(name, &PostParams::default(), &lease))
+                .await
+            {
                 Ok(_) => return Ok(()),
                 Err(e) if is_not_found(&e) => return Ok(()),
                 Err(e) if is_conflict(&e) || is_transient(&e) => {
@@ -347,7 +376,7 @@ pub struct DrainSlots {
 
 /// The outcome of one pass over the slots.
 enum Pass {
-    Acquired(DrainSlot),
+    Acquired(Box<DrainSlot>),
     Busy {
         holders: Vec<(String, String)>,
         last_error: Option<LeaseError>,
@@ -408,7 +437,7 @@ impl DrainSlots {
                         waited_ms = started.elapsed().as_millis() as u64,
                         "drain slot acquired"
                     );
-                    return Ok(slot);
+                    return Ok(*slot);
                 }
                 Pass::Busy {
                     holders,
@@ -458,7 +487,7 @@ impl DrainSlots {
         let mut out = Vec::new();
         for i in 0..self.slots {
             let name = slot_name(i);
-            match self.ctx.api.get_opt(&name).await {
+            match self.ctx.call(self.ctx.api.get_opt(&name)).await {
                 Ok(Some(lease)) => match slot_state(&lease, &self.ctx.holder, now, default_secs) {
                     SlotState::Ours => out.push((name, self.ctx.holder.clone())),
                     SlotState::Held(h) => out.push((name, h)),
@@ -480,7 +509,7 @@ impl DrainSlots {
         let mut released = 0;
         for i in 0..self.slots {
             let name = slot_name(i);
-            let lease = match self.ctx.api.get_opt(&name).await {
+            let lease = match self.ctx.call(self.ctx.api.get_opt(&name)).await {
                 Ok(l) => l,
                 Err(e) => return Err(self.ctx.api_error(&name, "get", e)),
             };
@@ -519,7 +548,7 @@ impl DrainSlots {
         let mut observed = Vec::with_capacity(self.slots as usize);
         for i in 0..self.slots {
             let name = slot_name(i);
-            match ctx.api.get_opt(&name).await {
+            match ctx.call(ctx.api.get_opt(&name)).await {
                 Ok(lease) => observed.push((name, lease)),
                 Err(e) if is_transient(&e) => last_error = Some(ctx.api_error(&name, "get", e)),
                 Err(e) => return Err(ctx.api_error(&name, "get", e)),
@@ -535,7 +564,10 @@ impl DrainSlots {
             match ctx.take(name, lease.clone()).await {
                 Ok(_) => {
                     info!(lease = %name, "re-acquired the drain slot this node already held");
-                    return Ok(Pass::Acquired(DrainSlot::new(ctx.clone(), name.clone())));
+                    return Ok(Pass::Acquired(Box::new(DrainSlot::new(
+                        ctx.clone(),
+                        name.clone(),
+                    ))));
                 }
                 // Someone wrote it since we read it; it may have lapsed and been taken.
                 Err(e) if is_conflict(&e) => debug!(lease = %name, "own slot changed, re-reading"),
@@ -580,7 +612,7 @@ impl DrainSlots {
                 },
             };
             match result {
-                Ok(()) => return Ok(Pass::Acquired(DrainSlot::new(ctx.clone(), name))),
+                Ok(()) => return Ok(Pass::Acquired(Box::new(DrainSlot::new(ctx.clone(), name)))),
                 Err((e, op)) if is_transient(&e) => last_error = Some(ctx.api_error(&name, op, e)),
                 Err((e, op)) => return Err(ctx.api_error(&name, op, e)),
             }

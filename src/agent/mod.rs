@@ -47,13 +47,21 @@ pub struct AgentArgs {
     #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-share")]
     pub namespace: String,
     /// The ConfigMap whose keys are profiles.
-    #[arg(long, env = "GPU_SHARE_CONFIGMAP", default_value = "gpu-share-profiles")]
+    #[arg(
+        long,
+        env = "GPU_SHARE_CONFIGMAP",
+        default_value = "gpu-share-profiles"
+    )]
     pub configmap: String,
     /// The NVML library (default: the system's libnvidia-ml.so.1).
     #[arg(long, env = "GPU_SHARE_NVML_LIB")]
     pub nvml_lib: Option<PathBuf>,
     /// Where the crash-safety journal is kept (a hostPath, so it survives the pod).
-    #[arg(long, env = "GPU_SHARE_STATE_DIR", default_value = "/var/lib/gpu-share")]
+    #[arg(
+        long,
+        env = "GPU_SHARE_STATE_DIR",
+        default_value = "/var/lib/gpu-share"
+    )]
     pub state_dir: PathBuf,
     /// The device plugin's config file (shared with the plugin container).
     #[arg(long, env = "GPU_SHARE_PLUGIN_CONFIG")]
@@ -63,11 +71,19 @@ pub struct AgentArgs {
     /// --plugin-pod-selector) or `none`.
     #[arg(long, env = "GPU_SHARE_PLUGIN_RELOAD", value_enum, default_value_t = Reload::Signal)]
     pub plugin_reload: Reload,
-    #[arg(long, env = "GPU_SHARE_PLUGIN_PROCESS", default_value = "nvidia-device-plugin")]
+    #[arg(
+        long,
+        env = "GPU_SHARE_PLUGIN_PROCESS",
+        default_value = "nvidia-device-plugin"
+    )]
     pub plugin_process: String,
     #[arg(long, env = "GPU_SHARE_PLUGIN_PID_FILE")]
     pub plugin_pid_file: Option<PathBuf>,
-    #[arg(long, env = "GPU_SHARE_PLUGIN_POD_SELECTOR", default_value = "app=nvidia-device-plugin-daemonset")]
+    #[arg(
+        long,
+        env = "GPU_SHARE_PLUGIN_POD_SELECTOR",
+        default_value = "app=nvidia-device-plugin-daemonset"
+    )]
     pub plugin_pod_selector: String,
     /// Host /proc (hostPID): process names for the reload signal, pod cgroups for the drain.
     #[arg(long, env = "GPU_SHARE_PROC_ROOT", default_value = "/proc")]
@@ -197,6 +213,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         configmap: format!("{}/{}", args.namespace, args.configmap),
     };
     let doctor_ok = start_up_checks(&args, &reconciler).await;
+    release_forgotten_slot(&reconciler).await;
 
     let (node_tx, node_rx) = watch::channel(None::<Node>);
     let (cm_tx, cm_rx) = watch::channel(None::<Option<ConfigMap>>);
@@ -246,7 +263,11 @@ async fn start_up_checks(args: &AgentArgs, reconciler: &Reconciler) -> Result<()
         action: "Doctor".into(),
         secondary: None,
     };
-    if let Err(e) = reconciler.recorder.publish(&event, &reconciler.node_ref).await {
+    if let Err(e) = reconciler
+        .recorder
+        .publish(&event, &reconciler.node_ref)
+        .await
+    {
         warn!(error = %e, "could not publish the start-up check event");
     }
     if failed {
@@ -254,6 +275,22 @@ async fn start_up_checks(args: &AgentArgs, reconciler: &Reconciler) -> Result<()
         Err(summary.join("; "))
     } else {
         Ok(())
+    }
+}
+
+/// A drain slot still held from before a crash, with no reconfiguration in progress (the node
+/// is not cordoned by us), would make other nodes wait out its lease: free it.
+async fn release_forgotten_slot(reconciler: &Reconciler) {
+    let nodes: Api<Node> = Api::all(reconciler.client.clone());
+    let in_progress = nodes
+        .get(&reconciler.node_name)
+        .await
+        .map(|n| node::annotation(&n, node::CORDON_ANNOTATION).is_some())
+        .unwrap_or(true);
+    if !in_progress {
+        if let Err(e) = reconciler.slots.release_own().await {
+            warn!(error = %e, "could not free a drain slot left from before a restart");
+        }
     }
 }
 
@@ -276,7 +313,11 @@ async fn watch_node(api: Api<Node>, name: String, tx: watch::Sender<Option<Node>
 }
 
 /// Keep the profiles ConfigMap in `tx`: `Some(None)` once known to be absent.
-async fn watch_configmap(api: Api<ConfigMap>, name: String, tx: watch::Sender<Option<Option<ConfigMap>>>) {
+async fn watch_configmap(
+    api: Api<ConfigMap>,
+    name: String,
+    tx: watch::Sender<Option<Option<ConfigMap>>>,
+) {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut stream = watcher(api, config).boxed();
     let mut seen_in_init = false;

@@ -41,7 +41,7 @@ pub fn pod_uid_of(proc_root: &Path, pid: u32) -> Option<String> {
 fn pod_uid_in_cgroup_line(line: &str) -> Option<String> {
     let path = line.splitn(3, ':').nth(2)?;
     path.split('/').find_map(|segment| {
-        let start = segment.find("pod")? + 3;
+        let start = segment.rfind("pod")? + 3;
         let rest = &segment[start..];
         let uid: String = rest
             .chars()
@@ -70,6 +70,9 @@ mod tests {
             )),
             Some(uid.to_string())
         );
-        assert_eq!(pod_uid_in_cgroup_line("0::/user.slice/session-2.scope"), None);
+        assert_eq!(
+            pod_uid_in_cgroup_line("0::/user.slice/session-2.scope"),
+            None
+        );
     }
 }

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 use super::drain::{drain, DrainSettings};
-use super::lease::DrainSlots;
+use super::lease::{DrainSlot, DrainSlots};
 use super::metrics::Metrics;
 use super::node::{self, State};
 use super::pods::disturbed_processes;
@@ -70,7 +70,10 @@ pub enum Outcome {
     Noop,
     Success,
     /// Failed; retry later without waiting for a label change.
-    Failed { reason: &'static str, message: String },
+    Failed {
+        reason: &'static str,
+        message: String,
+    },
 }
 
 impl Reconciler {
@@ -142,7 +145,8 @@ impl Reconciler {
         });
         let mig_change = !todo.is_empty();
         let outcome = if mig_change {
-            self.reconfigure(key, &profile, &hash, &observed, &todo).await
+            self.reconfigure(key, &profile, &hash, &observed, &todo)
+                .await
         } else {
             if !published {
                 self.publish(State::Applying, &format!("applying profile {key}"), None)
@@ -162,8 +166,12 @@ impl Reconciler {
                     Some(&hash),
                 )
                 .await;
-                self.event(EventType::Normal, "Applied", &format!("profile {key} applied ({hash:.12})"))
-                    .await;
+                self.event(
+                    EventType::Normal,
+                    "Applied",
+                    &format!("profile {key} applied ({hash:.12})"),
+                )
+                .await;
                 Outcome::Success
             }
             Err(failure) => failure,
@@ -192,7 +200,7 @@ impl Reconciler {
             .map_err(|e| failed("DrainSlotTimeout", e))?;
         let renewal = slot.spawn_renewal();
         let result = self
-            .drain_and_apply(key, profile, hash, observed, todo)
+            .drain_and_apply(key, profile, hash, observed, todo, &slot)
             .await;
         renewal.abort();
         match node::uncordon_if_ours(&self.nodes(), &self.node_name).await {
@@ -211,6 +219,7 @@ impl Reconciler {
         hash: &str,
         observed: &ObservedNode,
         todo: &[crate::plan::Step],
+        slot: &DrainSlot,
     ) -> Result<(), Outcome> {
         let reason = format!("gpu-share: reconfiguring MIG for profile {key} ({hash:.12})");
         let cordoned = node::cordon(&self.nodes(), &self.node_name, &reason)
@@ -248,6 +257,17 @@ impl Reconciler {
                 &format!("{evicted} pod(s) evicted from the GPU instances that change"),
             )
             .await;
+        }
+        if slot.is_lost() {
+            // Renewals failed long enough for another node to take the slot: applying now could
+            // put more nodes into reconfiguration than the fleet budget allows.
+            return Err(Outcome::Failed {
+                reason: "DrainSlotLost",
+                message: format!(
+                    "lost drain slot {} before applying; will retry",
+                    slot.name()
+                ),
+            });
         }
         self.publish(State::Applying, &format!("applying profile {key}"), None)
             .await;
@@ -306,7 +326,9 @@ impl Reconciler {
                     );
                     let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
                     match api.delete(&name, &DeleteParams::default()).await {
-                        Ok(_) => info!(pod = %format!("{ns}/{name}"), "device-plugin pod restarted to load the new config"),
+                        Ok(_) => {
+                            info!(pod = %format!("{ns}/{name}"), "device-plugin pod restarted to load the new config")
+                        }
                         Err(e) => warn!(error = %e, "could not restart the device-plugin pod"),
                     }
                 }
