@@ -268,6 +268,26 @@ impl Drop for Node {
     }
 }
 
+/// GET `path` from the agent's HTTP endpoint (its address is in its first log line).
+fn http_get(node: &Node, path: &str) -> String {
+    use std::io::Write;
+    let log = node.log();
+    let addr = log
+        .lines()
+        .find_map(|l| l.split("addr=").nth(1))
+        .map(|a| a.split_whitespace().next().unwrap().to_string())
+        .expect("the agent logs its address");
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
+
 fn state_of(api: &KubeDouble, node: &str) -> Option<String> {
     api.node(node)?.metadata.labels?.get(STATE_LABEL).cloned()
 }
@@ -388,6 +408,20 @@ fn label_set_changed_and_removed() {
     assert!(api.wait_until(Duration::from_secs(10), |a| state_of(a, "gpu-1").is_none()));
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(node.mutations(), before);
+
+    // The agent's own endpoints.
+    let metrics = http_get(&node, "/metrics");
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    assert!(
+        metrics.contains("gpu_share_reconciles_total{result=\"success\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("gpu_share_evictions_total{outcome=\"evicted\"} 1"),
+        "{metrics}"
+    );
+    assert!(http_get(&node, "/readyz").starts_with("HTTP/1.1 200"));
+    assert!(http_get(&node, "/healthz").starts_with("HTTP/1.1 200"));
 
     // Idle resident memory, for the note.
     let status = std::fs::read_to_string(format!("/proc/{}/status", node.agent_pid())).unwrap();

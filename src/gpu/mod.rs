@@ -213,21 +213,30 @@ impl Gpus {
         gi: &raw::GpuInstance<'_>,
         gi_id: u32,
     ) -> Result<Vec<ObservedComputeInstance>, NvmlCallError> {
-        let mut out = Vec::new();
-        // CI profile indices 0..NVML_COMPUTE_INSTANCE_PROFILE_COUNT (8 in nvml-wrapper-sys 0.10).
-        for ci_index in 0..8 {
-            let Some((ci_profile_id, cap)) = gi.compute_instance_profile(&self.nvml, ci_index)?
-            else {
-                continue;
-            };
-            for ci in gi.compute_instances(&self.nvml, ci_profile_id, cap)? {
+        self.all_compute_instances(gi)?
+            .iter()
+            .map(|ci| {
                 let info = ci.info(&self.nvml)?;
-                out.push(ObservedComputeInstance {
+                Ok(ObservedComputeInstance {
                     gi_id,
                     ci_id: info.id,
                     profile_id: info.profile_id,
                     uuid: None,
-                });
+                })
+            })
+            .collect()
+    }
+
+    /// Every compute instance of a GI, whatever its CI profile.
+    fn all_compute_instances<'n>(
+        &'n self,
+        gi: &raw::GpuInstance<'n>,
+    ) -> Result<Vec<raw::ComputeInstance<'n>>, NvmlCallError> {
+        let mut out = Vec::new();
+        // CI profile indices 0..NVML_COMPUTE_INSTANCE_PROFILE_COUNT (8 in nvml-wrapper-sys 0.10).
+        for ci_index in 0..8 {
+            if let Some((ci_profile_id, cap)) = gi.compute_instance_profile(&self.nvml, ci_index)? {
+                out.extend(gi.compute_instances(&self.nvml, ci_profile_id, cap)?);
             }
         }
         Ok(out)
@@ -354,19 +363,8 @@ impl Gpus {
             }
             Err(e) => return Err(call(e)),
         };
-        for ci_index in 0..8 {
-            let Some((ci_profile_id, cap)) = gi
-                .compute_instance_profile(&self.nvml, ci_index)
-                .map_err(call)?
-            else {
-                continue;
-            };
-            for ci in gi
-                .compute_instances(&self.nvml, ci_profile_id, cap)
-                .map_err(call)?
-            {
-                ci.destroy(&self.nvml).map_err(call)?;
-            }
+        for ci in self.all_compute_instances(&gi).map_err(call)? {
+            ci.destroy(&self.nvml).map_err(call)?;
         }
         gi.destroy(&self.nvml).map_err(call)
     }
