@@ -10,6 +10,7 @@
 
 pub mod agent;
 pub mod apply;
+pub mod builtin_plugin;
 pub mod cli;
 pub mod device_plugin;
 pub mod doctor;

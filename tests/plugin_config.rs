@@ -31,7 +31,9 @@ fn rendered(profile: &str, gpus: &str) -> String {
     let p = read_profiles(profile, &text).remove(0).profile.unwrap();
     let node = ObservedNode::simulated(&[gpus.to_string()]);
     let plan = plan(profile, &p, &node).unwrap_or_else(|e| panic!("{profile}: {e:?}"));
-    plan.device_plugin_config.to_file_text(profile)
+    plan.device_plugin_config
+        .expect("the NVIDIA plugin's plan has its config")
+        .to_file_text(profile)
 }
 
 #[test]

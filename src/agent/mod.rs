@@ -28,6 +28,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::apply::{ApplyOptions, DevicePluginOutput};
+use crate::builtin_plugin::{ManagerSettings, PluginKind, PluginManager};
 use crate::device_plugin::SignalTarget;
 use crate::doctor::{self, DoctorOptions, Status};
 use crate::mps::daemon::{self, MpsSettings};
@@ -114,6 +115,20 @@ pub struct AgentArgs {
     /// The host's root as mounted in the pod, for the start-up driver and NVML checks.
     #[arg(long, env = "GPU_SHARE_HOST_ROOT", default_value = "/")]
     pub host_root: PathBuf,
+    /// Which device plugin advertises the GPUs: `nvidia` (the stock plugin, through
+    /// --plugin-config) or `builtin` (served by this agent on the kubelet's device-plugin
+    /// sockets; for profiles the stock plugin cannot express).
+    #[arg(long, env = "GPU_SHARE_PLUGIN", value_enum, default_value_t = PluginKind::Nvidia)]
+    pub plugin: PluginKind,
+    /// builtin: the kubelet's device-plugin directory (kubelet.sock and the plugin sockets).
+    #[arg(long, env = "GPU_SHARE_DEVICE_PLUGIN_DIR", default_value = crate::builtin_plugin::DEFAULT_DIR)]
+    pub device_plugin_dir: PathBuf,
+    /// builtin: how often device health is read from NVML, in milliseconds.
+    #[arg(long, default_value_t = 5000, hide = true)]
+    pub plugin_health_ms: u64,
+    /// builtin: how often kubelet.sock is checked for a kubelet restart, in milliseconds.
+    #[arg(long, default_value_t = 1000, hide = true)]
+    pub kubelet_poll_ms: u64,
 }
 
 /// How the device plugin picks up a new config.
@@ -148,6 +163,7 @@ impl AgentArgs {
                 root: self.mps_root.clone(),
                 ..MpsSettings::default()
             },
+            plugin: self.plugin,
         }
     }
 }
@@ -211,6 +227,15 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         plugin_pod_selector: (args.plugin_reload == Reload::Restart)
             .then(|| args.plugin_pod_selector.clone()),
         configmap: format!("{}/{}", args.namespace, args.configmap),
+        plugins: (args.plugin == PluginKind::Builtin).then(|| {
+            info!(dir = %args.device_plugin_dir.display(), "serving the built-in device plugin");
+            PluginManager::start(ManagerSettings {
+                dir: args.device_plugin_dir.clone(),
+                nvml_lib: args.nvml_lib.clone(),
+                health_interval: Duration::from_millis(args.plugin_health_ms),
+                kubelet_poll: Duration::from_millis(args.kubelet_poll_ms),
+            })
+        }),
     };
     let doctor_ok = start_up_checks(&args, &reconciler).await;
     release_forgotten_slot(&reconciler).await;

@@ -23,8 +23,9 @@ use super::metrics::Metrics;
 use super::node::{self, State};
 use super::pods::disturbed_processes;
 use crate::apply::{apply, ApplyError, ApplyOptions};
+use crate::builtin_plugin::{Inventory, PluginManager};
 use crate::gpu::Gpus;
-use crate::plan::{plan, steps, ObservedNode};
+use crate::plan::{plan_for, steps, ObservedNode};
 use crate::profile::{parse_profile, Problem, Profile};
 
 /// What the labels and the ConfigMap ask for.
@@ -61,6 +62,8 @@ pub struct Reconciler {
     /// plugin is restarted rather than signalled.
     pub plugin_pod_selector: Option<String>,
     pub configmap: String,
+    /// The built-in device plugin (`--plugin builtin`), told what to advertise after each apply.
+    pub plugins: Option<PluginManager>,
 }
 
 /// How a reconcile ended.
@@ -133,7 +136,7 @@ impl Reconciler {
             Ok(o) => o,
             Err(e) => return failed("GpuError", e),
         };
-        let node_plan = match plan(key, &profile, &observed) {
+        let node_plan = match plan_for(key, &profile, &observed, self.apply.plugin) {
             Ok(p) => p,
             Err(problems) => return invalid(&problems),
         };
@@ -277,6 +280,7 @@ impl Reconciler {
     /// `gpu-share apply` on this node (blocking NVML work off the async threads), then restart
     /// the plugin pods when that is how the plugin reloads.
     async fn run_apply(&self, key: &str, profile: &Profile) -> Result<(), Outcome> {
+        let plugin_options = profile.plugin.clone();
         let (lib, opts) = (self.nvml_lib.clone(), self.apply.clone());
         let (key_owned, profile) = (key.to_string(), profile.clone());
         let report = tokio::task::spawn_blocking(move || {
@@ -305,6 +309,17 @@ impl Reconciler {
         }
         if report.plugin_config_written {
             self.restart_plugin_pods().await;
+        }
+        if let Some(plugins) = &self.plugins {
+            // Advertise what was just applied, with the device UUIDs NVML now shows.
+            let observed = self.observe().await.map_err(|e| failed("GpuError", e))?;
+            let inventory = Inventory::from_plan(
+                &report.plan,
+                &observed,
+                &plugin_options,
+                &self.apply.mps.root,
+            );
+            plugins.update(inventory).await;
         }
         Ok(())
     }

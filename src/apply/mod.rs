@@ -15,11 +15,12 @@ use tracing::{info, warn};
 
 pub use journal::Journal;
 
+use crate::builtin_plugin::PluginKind;
 use crate::device_plugin::{reload, write_if_changed, ReloadError, SignalTarget};
 use crate::gpu::{GpuError, Gpus, MigModeOutcome};
 use crate::mig::catalog;
 use crate::mps::daemon::{self, MpsError, MpsReport, MpsSettings};
-use crate::plan::{plan, steps, NodePlan, ObservedNode, Step};
+use crate::plan::{plan_for, steps, NodePlan, ObservedNode, Step};
 use crate::profile::{Problem, Profile};
 
 /// How to apply.
@@ -34,6 +35,9 @@ pub struct ApplyOptions {
     /// MPS control daemons: started for the GPUs the profile shares by MPS, stopped when it no
     /// longer asks for them.
     pub mps: MpsSettings,
+    /// Which device plugin advertises the GPUs: the profile is planned for it, and only the
+    /// NVIDIA plugin gets a config file.
+    pub plugin: PluginKind,
 }
 
 /// The device plugin's config file and its reload.
@@ -144,7 +148,7 @@ pub fn apply(
         );
     }
     let observed = gpus.observe()?;
-    let node_plan = plan(name, profile, &observed).map_err(ApplyError::Invalid)?;
+    let node_plan = plan_for(name, profile, &observed, opts.plugin).map_err(ApplyError::Invalid)?;
     let todo = steps(&node_plan, &observed);
     let busy = busy_steps(&todo, &observed);
     if !busy.is_empty() && !opts.force {
@@ -187,7 +191,7 @@ pub fn apply(
         journal.done += 1;
         save_journal(&journal, opts)?;
     }
-    let observed = verify(gpus, name, profile, &report.reset_required)?;
+    let observed = verify(gpus, name, profile, opts.plugin, &report.reset_required)?;
     if report.reset_required.is_empty() {
         remove_journal(opts)?;
     }
@@ -204,14 +208,15 @@ fn share(
 ) -> Result<(), ApplyError> {
     let specs = daemon::specs_from_plan(&report.plan, observed)?;
     let mut settings = opts.mps.clone();
-    let config = &mut report.plan.device_plugin_config;
-    if config.flags.mps_root.is_some() {
-        // The plugin mounts the daemons' pipes from where they really are.
-        config.flags.mps_root = Some(settings.root.display().to_string());
-    }
-    if let Some(mps) = &config.sharing.mps {
-        // NVIDIA's `mps-control-daemon wait` compares `.ready` with the config's sharing.mps.
-        settings.ready_contents = serde_json::to_string(mps).expect("serialisable");
+    if let Some(config) = &mut report.plan.device_plugin_config {
+        if config.flags.mps_root.is_some() {
+            // The plugin mounts the daemons' pipes from where they really are.
+            config.flags.mps_root = Some(settings.root.display().to_string());
+        }
+        if let Some(mps) = &config.sharing.mps {
+            // NVIDIA's `mps-control-daemon wait` compares `.ready` with the config's sharing.mps.
+            settings.ready_contents = serde_json::to_string(mps).expect("serialisable");
+        }
     }
     if !specs.is_empty() || settings.root.exists() {
         report.mps = daemon::reconcile(&settings, &specs)?;
@@ -221,13 +226,11 @@ fn share(
 
 /// Write the device-plugin config if it changed, then signal the plugin to reload it.
 fn publish_plugin_config(report: &mut ApplyReport, opts: &ApplyOptions) -> Result<(), ApplyError> {
-    let Some(out) = &opts.device_plugin else {
+    // The built-in plugin (no NVIDIA config planned) is updated by the agent, not through a file.
+    let (Some(out), Some(config)) = (&opts.device_plugin, &report.plan.device_plugin_config) else {
         return Ok(());
     };
-    let text = report
-        .plan
-        .device_plugin_config
-        .to_file_text(&report.profile);
+    let text = config.to_file_text(&report.profile);
     report.plugin_config_written =
         write_if_changed(&out.config_path, &text).map_err(|source| ApplyError::PluginConfig {
             path: out.config_path.display().to_string(),
@@ -311,10 +314,11 @@ fn verify(
     gpus: &Gpus,
     name: &str,
     profile: &Profile,
+    plugin: PluginKind,
     waiting: &[u32],
 ) -> Result<ObservedNode, ApplyError> {
     let observed = gpus.observe()?;
-    let node_plan = plan(name, profile, &observed).map_err(ApplyError::Invalid)?;
+    let node_plan = plan_for(name, profile, &observed, plugin).map_err(ApplyError::Invalid)?;
     let left: Vec<Step> = steps(&node_plan, &observed)
         .into_iter()
         .filter(|s| !waiting.contains(&s.gpu()))

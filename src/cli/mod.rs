@@ -13,12 +13,13 @@ use serde::Serialize;
 
 use crate::agent::AgentArgs;
 use crate::apply::{apply, resume, ApplyError, ApplyOptions, DevicePluginOutput};
+use crate::builtin_plugin::PluginKind;
 use crate::device_plugin::SignalTarget;
 use crate::gpu::Gpus;
 use crate::mig::catalog;
 use crate::mps::daemon::{self, MpsSettings};
-use crate::plan::{plan, ObservedNode};
-use crate::profile::{read_profiles, validate, NamedProfile, Problem, Profile};
+use crate::plan::{plan_for, ObservedNode};
+use crate::profile::{read_profiles, validate_for, NamedProfile, Problem, Profile};
 
 /// Share NVIDIA GPUs in Kubernetes: MIG geometry, MPS and time-slicing from one profile.
 #[derive(Parser, Debug)]
@@ -100,6 +101,8 @@ struct ApplyArgs {
     #[command(flatten)]
     plugin: PluginArgs,
     #[command(flatten)]
+    plugin_kind: PluginKindArgs,
+    #[command(flatten)]
     mps: MpsArgs,
     #[command(flatten)]
     nvml: NvmlArgs,
@@ -168,6 +171,16 @@ impl PluginArgs {
     }
 }
 
+/// Which device plugin advertises the node's GPUs.
+#[derive(Args, Debug)]
+struct PluginKindArgs {
+    /// The device plugin the profile is checked for: `nvidia` (the stock k8s-device-plugin;
+    /// what it cannot express is refused) or `builtin` (gpu-share's agent serves the kubelet
+    /// itself).
+    #[arg(long, env = "GPU_SHARE_PLUGIN", value_enum, default_value_t = PluginKind::Nvidia)]
+    plugin: PluginKind,
+}
+
 #[derive(Args, Debug)]
 struct StatusArgs {
     #[command(flatten)]
@@ -195,6 +208,10 @@ struct ValidateArgs {
     /// Profile files, or YAML files holding ConfigMaps whose data keys are profiles.
     #[arg(required = true)]
     files: Vec<PathBuf>,
+    /// The device plugin to check for: `nvidia` refuses what the stock plugin cannot express;
+    /// `builtin` checks the built-in plugin's rules instead.
+    #[arg(long, value_enum, default_value_t = PluginKind::Nvidia)]
+    plugin: PluginKind,
     #[command(flatten)]
     out: OutputArgs,
 }
@@ -217,6 +234,9 @@ struct PlanArgs {
     /// The device plugin's current config file, to show what would change in it.
     #[arg(long, env = "GPU_SHARE_PLUGIN_CONFIG")]
     plugin_config: Option<PathBuf>,
+    /// The device plugin to plan for (`builtin`: no NVIDIA config, none of its refusals).
+    #[arg(long, value_enum, default_value_t = PluginKind::Nvidia)]
+    plugin: PluginKind,
     #[command(flatten)]
     out: OutputArgs,
 }
@@ -297,6 +317,7 @@ fn run_apply(args: &ApplyArgs) -> Result<ExitCode> {
         force: args.force,
         device_plugin: args.plugin.output(),
         mps: args.mps.settings(),
+        plugin: args.plugin_kind.plugin,
     };
     let result = match &args.profile {
         Some(path) => {
@@ -340,7 +361,7 @@ fn run_validate(args: &ValidateArgs) -> Result<ExitCode> {
     for file in &args.files {
         for named in read_file(file)? {
             let problems = match &named.profile {
-                Ok(profile) => validate(&named.name, profile),
+                Ok(profile) => validate_for(&named.name, profile, args.plugin),
                 Err(problem) => vec![problem.clone()],
             };
             results.push(Checked {
@@ -370,7 +391,7 @@ fn run_plan(args: &PlanArgs) -> Result<ExitCode> {
         Some(path) => (read_observed(path)?, false),
         None => (ObservedNode::simulated(&args.gpu), true),
     };
-    match plan(&named.name, &profile, &node) {
+    match plan_for(&named.name, &profile, &node, args.plugin) {
         Ok(plan) => {
             let current = args
                 .plugin_config

@@ -202,7 +202,10 @@ pub(super) fn plugin_config(
     plan: &NodePlan,
     current: Option<&(std::path::PathBuf, Option<String>)>,
 ) -> String {
-    let new = plan.device_plugin_config.to_file_text(&plan.profile);
+    let Some(config) = &plan.device_plugin_config else {
+        return "\nDevice plugin: built-in (gpu-share's agent advertises these resources itself; no NVIDIA config)\n".into();
+    };
+    let new = config.to_file_text(&plan.profile);
     let mut out = String::from("\nNVIDIA device-plugin config");
     match current {
         None => {

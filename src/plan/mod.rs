@@ -11,11 +11,12 @@ use serde::Serialize;
 pub use observed::{MigMode, ObservedGpu, ObservedNode};
 pub use steps::{steps, Step};
 
+use crate::builtin_plugin::PluginKind;
 use crate::device_plugin::{self, PluginConfig};
 use crate::mig::{self, catalog, Geometry, GpuModel};
 use crate::mps::{parse_pinned_memory_limit, PinnedMemoryLimit};
 use crate::profile::{
-    mig_counts, mig_strategy, validate, MigStrategy, Mode, Problem, Profile, Rule, RuleRef,
+    mig_counts, mig_strategy, validate_for, MigStrategy, Mode, Problem, Profile, Rule, RuleRef,
 };
 use crate::timeslice;
 
@@ -30,8 +31,10 @@ pub struct NodePlan {
     pub gpus: Vec<GpuPlan>,
     /// Extended resources the node advertises once applied, name → count.
     pub resources: BTreeMap<String, u64>,
-    /// The NVIDIA device-plugin config that advertises them.
-    pub device_plugin_config: PluginConfig,
+    /// The NVIDIA device-plugin config that advertises them; none when the built-in plugin
+    /// does (`--plugin builtin`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_plugin_config: Option<PluginConfig>,
     pub warnings: Vec<Problem>,
 }
 
@@ -102,7 +105,18 @@ pub enum PlannedMode {
 /// Plan `profile` (named `name`) for `node`. Any error in the profile, or a rule the node's
 /// GPUs cannot satisfy, comes back as problems, and nothing is planned.
 pub fn plan(name: &str, profile: &Profile, node: &ObservedNode) -> Result<NodePlan, Vec<Problem>> {
-    let mut problems = validate(name, profile);
+    plan_for(name, profile, node, PluginKind::Nvidia)
+}
+
+/// [`plan`] for the device plugin that will advertise the node: the NVIDIA plugin's refusals
+/// and config only apply to [`PluginKind::Nvidia`].
+pub fn plan_for(
+    name: &str,
+    profile: &Profile,
+    node: &ObservedNode,
+    plugin: PluginKind,
+) -> Result<NodePlan, Vec<Problem>> {
+    let mut problems = validate_for(name, profile, plugin);
     if problems.iter().any(Problem::is_error) {
         return Err(problems);
     }
@@ -162,15 +176,18 @@ pub fn plan(name: &str, profile: &Profile, node: &ObservedNode) -> Result<NodePl
             ),
         ));
     }
-    let device_plugin_config =
-        device_plugin::render(&gpus, strategy, profile, device_plugin::DEFAULT_MPS_ROOT).map_err(
-            |refusals| {
-                refusals
-                    .into_iter()
-                    .map(|r| Problem::error(name, r))
-                    .collect::<Vec<_>>()
-            },
-        )?;
+    let device_plugin_config = match plugin {
+        PluginKind::Nvidia => Some(
+            device_plugin::render(&gpus, strategy, profile, device_plugin::DEFAULT_MPS_ROOT)
+                .map_err(|refusals| {
+                    refusals
+                        .into_iter()
+                        .map(|r| Problem::error(name, r))
+                        .collect::<Vec<_>>()
+                })?,
+        ),
+        PluginKind::Builtin => None,
+    };
     let mut resources = BTreeMap::new();
     for g in &gpus {
         for (r, n) in &g.resources {
@@ -311,7 +328,7 @@ fn plan_mig(
 
 /// Shared devices get the `.shared` suffix when the profile asks for `renameByDefault`, as the
 /// device plugin does.
-fn shared_name(resource: &str, rename_by_default: bool, replicas: u64) -> String {
+pub fn shared_name(resource: &str, rename_by_default: bool, replicas: u64) -> String {
     if rename_by_default && replicas > 1 {
         format!("{resource}.shared")
     } else {

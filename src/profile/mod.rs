@@ -13,7 +13,7 @@ pub use format::{
 };
 pub use parse::{check_key, parse_profile, read_profiles, NamedProfile};
 pub use problem::{Problem, RuleRef, Severity};
-pub use validate::{mig_strategy, validate};
+pub use validate::{mig_strategy, validate, validate_for};
 
 /// The one version this build reads.
 pub const VERSION: &str = "v1";

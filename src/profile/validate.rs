@@ -4,12 +4,20 @@
 use std::collections::BTreeSet;
 
 use super::{mig_counts, DeviceSelector, MigStrategy, Mode, Problem, Profile, Rule, VERSION};
+use crate::builtin_plugin::PluginKind;
 use crate::mig::{catalog, rule as mig_rule};
 use crate::{mps, timeslice};
 
 /// Every problem in a profile; an empty list means it is valid. `name` is the profile's name
-/// (ConfigMap key or file stem), used in the messages.
+/// (ConfigMap key or file stem), used in the messages. Checks what the NVIDIA device plugin can
+/// express, as [`validate_for`] with [`PluginKind::Nvidia`].
 pub fn validate(name: &str, profile: &Profile) -> Vec<Problem> {
+    validate_for(name, profile, PluginKind::Nvidia)
+}
+
+/// [`validate`] for the device plugin that will advertise the node: the NVIDIA plugin's
+/// refusals, or the built-in plugin's own rules.
+pub fn validate_for(name: &str, profile: &Profile, plugin: PluginKind) -> Vec<Problem> {
     let mut problems = Vec::new();
     if profile.version != VERSION {
         problems.push(Problem::error(
@@ -31,7 +39,10 @@ pub fn validate(name: &str, profile: &Profile) -> Vec<Problem> {
     }
     problems.extend(overlapping_selectors(name, &profile.rules));
     problems.extend(check_mig_strategy(name, profile));
-    problems.extend(crate::device_plugin::check_profile(name, profile));
+    problems.extend(match plugin {
+        PluginKind::Nvidia => crate::device_plugin::check_profile(name, profile),
+        PluginKind::Builtin => crate::builtin_plugin::check_profile(name, profile),
+    });
     problems
 }
 

@@ -1,0 +1,210 @@
+//! One `DevicePlugin` gRPC endpoint per advertised resource, on a Unix socket in the kubelet's
+//! device-plugins directory, and the `Register` call that tells the kubelet about it.
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use hyper_util::rt::TokioIo;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::{UnixListenerStream, WatchStream};
+use tonic::{Request, Response, Status};
+use tracing::{debug, warn};
+
+use super::api::device_plugin_server::{DevicePlugin, DevicePluginServer};
+use super::api::registration_client::RegistrationClient;
+use super::api::{self, Empty};
+use super::inventory::ResourceDevices;
+
+/// The kubelet's registration socket, in the device-plugins directory.
+pub const KUBELET_SOCKET: &str = "kubelet.sock";
+
+/// The options every endpoint announces: GetPreferredAllocation is implemented,
+/// PreStartContainer is not needed.
+pub fn options() -> api::DevicePluginOptions {
+    api::DevicePluginOptions {
+        pre_start_required: false,
+        get_preferred_allocation_available: true,
+    }
+}
+
+/// The service behind one resource's socket.
+struct ResourcePlugin {
+    devices: watch::Receiver<Arc<ResourceDevices>>,
+    /// Flips to true when the endpoint stops: open ListAndWatch streams end with it.
+    stopped: watch::Receiver<bool>,
+}
+
+type ListStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl DevicePlugin for ResourcePlugin {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<api::DevicePluginOptions>, Status> {
+        Ok(Response::new(options()))
+    }
+
+    type ListAndWatchStream = ListStream;
+
+    /// The current list at once, then every change (profile applied, health), until the
+    /// endpoint stops.
+    async fn list_and_watch(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let mut stopped = self.stopped.clone();
+        let until_stopped = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        let stream = WatchStream::new(self.devices.clone())
+            .map(|devices| Ok(devices.list()))
+            .take_until(until_stopped);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        request: Request<api::PreferredAllocationRequest>,
+    ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
+        let devices = self.devices.borrow().clone();
+        let container_responses = request
+            .into_inner()
+            .container_requests
+            .iter()
+            .map(|c| api::ContainerPreferredAllocationResponse {
+                device_i_ds: devices.preferred(
+                    &c.available_device_i_ds,
+                    &c.must_include_device_i_ds,
+                    usize::try_from(c.allocation_size).unwrap_or(0),
+                ),
+            })
+            .collect();
+        Ok(Response::new(api::PreferredAllocationResponse {
+            container_responses,
+        }))
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<api::AllocateRequest>,
+    ) -> Result<Response<api::AllocateResponse>, Status> {
+        let devices = self.devices.borrow().clone();
+        let container_responses = request
+            .into_inner()
+            .container_requests
+            .iter()
+            .map(|c| devices.allocate(&c.devices_ids))
+            .collect::<Result<Vec<_>, String>>()
+            .map_err(|e| {
+                warn!(resource = %devices.resource, error = %e, "allocation refused");
+                Status::invalid_argument(e)
+            })?;
+        Ok(Response::new(api::AllocateResponse {
+            container_responses,
+        }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<api::PreStartContainerRequest>,
+    ) -> Result<Response<api::PreStartContainerResponse>, Status> {
+        Ok(Response::new(api::PreStartContainerResponse {}))
+    }
+}
+
+/// A running endpoint: its socket and server task.
+pub struct Endpoint {
+    pub socket: PathBuf,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Endpoint {
+    /// Listen on `socket` (replacing a stale file) and serve `devices` there.
+    pub fn start(
+        socket: &Path,
+        devices: watch::Receiver<Arc<ResourceDevices>>,
+    ) -> std::io::Result<Endpoint> {
+        match std::fs::remove_file(socket) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let listener = UnixListener::bind(socket)?;
+        let (stop, stopped) = watch::channel(false);
+        let service = ResourcePlugin {
+            devices,
+            stopped: stopped.clone(),
+        };
+        let mut shutdown = stopped;
+        let path = socket.to_path_buf();
+        let task = tokio::spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .add_service(DevicePluginServer::new(service))
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                    let _ = shutdown.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Err(e) = result {
+                warn!(socket = %path.display(), error = %e, "device-plugin endpoint failed");
+            }
+        });
+        Ok(Endpoint {
+            socket: socket.to_path_buf(),
+            stop,
+            task,
+        })
+    }
+
+    /// Stop serving: open streams end, the server shuts down (or is cut off after a second),
+    /// and the socket file is removed.
+    pub async fn stop(self) {
+        self.stop.send_replace(true);
+        let mut task = self.task;
+        if tokio::time::timeout(Duration::from_secs(1), &mut task)
+            .await
+            .is_err()
+        {
+            task.abort();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// `Register` `resource` (served on `endpoint`, a file name in `dir`) with the kubelet at
+/// `dir/kubelet.sock`.
+pub async fn register(dir: &Path, endpoint: &str, resource: &str) -> Result<(), String> {
+    let kubelet = dir.join(KUBELET_SOCKET);
+    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+        let path = kubelet.clone();
+        async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+    });
+    let call = async {
+        // The URI is required by the API but unused: the connector dials the socket.
+        let channel = tonic::transport::Endpoint::from_static("http://kubelet.sock")
+            .connect_with_connector(connector)
+            .await
+            .map_err(|e| format!("cannot connect to the kubelet: {e}"))?;
+        RegistrationClient::new(channel)
+            .register(api::RegisterRequest {
+                version: api::VERSION.into(),
+                endpoint: endpoint.into(),
+                resource_name: resource.into(),
+                options: Some(options()),
+            })
+            .await
+            .map_err(|s| format!("the kubelet refused the registration: {}", s.message()))?;
+        Ok(())
+    };
+    let result = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .map_err(|_| "the kubelet did not answer the registration within 10 s".to_string())?;
+    debug!(resource, endpoint, "registered with the kubelet");
+    result
+}

@@ -1,0 +1,482 @@
+//! `gpu-share agent --plugin builtin` as a process, against a fake kubelet written here on the
+//! device-plugin API v1beta1 (a Registration server on a temp dir's `kubelet.sock`, and a
+//! client that calls ListAndWatch, GetPreferredAllocation and Allocate on the plugin's sockets),
+//! the Kubernetes API double (tests/kube-double) and the fake NVML (tests/fake-nvml).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gpu_share::builtin_plugin::api::device_plugin_client::DevicePluginClient;
+use gpu_share::builtin_plugin::api::registration_server::{Registration, RegistrationServer};
+use gpu_share::builtin_plugin::api::{
+    AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
+    ListAndWatchResponse, PreferredAllocationRequest, RegisterRequest,
+};
+use kube_double::{fixtures, KubeDouble};
+use nvidia_ml::{cdylib_path, Gpu, State};
+use tokio::net::{UnixListener, UnixStream};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status, Streaming};
+
+const NS: &str = "gpu-share";
+const CM: &str = "gpu-share-profiles";
+const KEY: &str = "mixed";
+const PROFILE_LABEL: &str = "gpu-share.dev/profile";
+const GPU: &str = "nvidia.com/gpu";
+const MIG: &str = "nvidia.com/mig-1g.10gb";
+
+fn profile_text() -> String {
+    std::fs::read_to_string(format!(
+        "{}/profiles/builtin/h100-mixed-sharing.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+/// The kubelet's Registration service: records every request.
+#[derive(Clone, Default)]
+struct FakeKubelet {
+    registered: Arc<Mutex<Vec<RegisterRequest>>>,
+}
+
+#[tonic::async_trait]
+impl Registration for FakeKubelet {
+    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
+        self.registered.lock().unwrap().push(request.into_inner());
+        Ok(Response::new(Empty {}))
+    }
+}
+
+impl FakeKubelet {
+    /// Serve on `dir/kubelet.sock` until the returned sender is dropped or fired.
+    fn serve(&self, dir: &Path) -> tokio::sync::oneshot::Sender<()> {
+        let socket = dir.join("kubelet.sock");
+        let _ = std::fs::remove_file(&socket);
+        let listener = UnixListener::bind(&socket).unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let service = RegistrationServer::new(self.clone());
+        tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        tx
+    }
+
+    fn registrations(&self) -> Vec<RegisterRequest> {
+        self.registered.lock().unwrap().clone()
+    }
+}
+
+async fn plugin(socket: PathBuf) -> DevicePluginClient<Channel> {
+    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+        let path = socket.clone();
+        async move {
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                UnixStream::connect(path).await?,
+            ))
+        }
+    });
+    let channel = tonic::transport::Endpoint::from_static("http://plugin")
+        .connect_with_connector(connector)
+        .await
+        .unwrap();
+    DevicePluginClient::new(channel)
+}
+
+async fn next_list(stream: &mut Streaming<ListAndWatchResponse>) -> ListAndWatchResponse {
+    tokio::time::timeout(Duration::from_secs(20), stream.message())
+        .await
+        .expect("a device list within 20 s")
+        .unwrap()
+        .expect("the stream stays open")
+}
+
+/// Read lists until one satisfies `ok` (or fail after 30 s).
+async fn list_until(
+    stream: &mut Streaming<ListAndWatchResponse>,
+    ok: impl Fn(&ListAndWatchResponse) -> bool,
+) -> ListAndWatchResponse {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let list = next_list(stream).await;
+        if ok(&list) {
+            return list;
+        }
+        assert!(Instant::now() < deadline, "last list: {list:?}");
+    }
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn allocate_one(ids: &[&str]) -> AllocateRequest {
+    AllocateRequest {
+        container_requests: vec![ContainerAllocateRequest {
+            devices_ids: ids.iter().map(|s| s.to_string()).collect(),
+        }],
+    }
+}
+
+struct Agent {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Agent {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+fn start_agent(dir: &Path, api: &KubeDouble) -> Agent {
+    api.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
+    let log = dir.join("agent.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+        .args(["agent", "--plugin", "builtin"])
+        .args(["--plugin-health-ms", "200", "--kubelet-poll-ms", "100"])
+        .args(["--lease-duration-secs", "2"])
+        .arg("--device-plugin-dir")
+        .arg(dir.join("device-plugins"))
+        .env("KUBECONFIG", dir.join("kubeconfig"))
+        .env("NODE_NAME", "gpu-1")
+        .env("POD_NAMESPACE", NS)
+        .env("GPU_SHARE_NVML_LIB", cdylib_path())
+        .env("FAKE_NVML_STATE", dir.join("nvml.json"))
+        .env("GPU_SHARE_STATE_DIR", dir.join("state"))
+        .env("GPU_SHARE_PLUGIN_RELOAD", "none")
+        .env("GPU_SHARE_PROC_ROOT", dir.join("proc"))
+        .env("GPU_SHARE_HOST_ROOT", dir.join("host"))
+        .env("GPU_SHARE_MPS_CONTROL", fake_mps_control::binary_path())
+        .env("GPU_SHARE_MPS_ROOT", dir.join("mps"))
+        .env("GPU_SHARE_LISTEN", "127.0.0.1:0")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Agent { child, log }
+}
+
+#[test]
+fn builtin_plugin_serves_a_mixed_profile_to_the_kubelet() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(scenario());
+}
+
+async fn scenario() {
+    let dir = tempfile::tempdir().unwrap();
+    let dp = dir.path().join("device-plugins");
+    std::fs::create_dir_all(&dp).unwrap();
+    std::fs::create_dir_all(dir.path().join("proc")).unwrap();
+    // GPUs 0-1 in MIG mode (no instances yet), 2-5 whole.
+    let gpus: Vec<Gpu> = (0..6)
+        .map(|i| {
+            let g = Gpu::mig("h100");
+            if i < 2 {
+                g.mig_enabled()
+            } else {
+                g
+            }
+        })
+        .collect();
+    let nvml = dir.path().join("nvml.json");
+    State::with_gpus(gpus).write_to(&nvml).unwrap();
+
+    let api = Arc::new(KubeDouble::start());
+    api.put_configmap(fixtures::configmap(
+        NS,
+        CM,
+        &[(KEY, profile_text().as_str())],
+    ));
+    api.put_node(fixtures::node("gpu-1", &[]));
+
+    let kubelet = FakeKubelet::default();
+    let mut kubelet_server = kubelet.serve(&dp);
+    let agent = start_agent(dir.path(), &api);
+    api.set_node_label("gpu-1", PROFILE_LABEL, Some(KEY));
+
+    // Registration: one endpoint per resource, named like NVIDIA's sockets.
+    wait_for("two registrations", Duration::from_secs(60), || {
+        kubelet.registrations().len() >= 2
+    })
+    .await;
+    let regs: BTreeMap<String, RegisterRequest> = kubelet
+        .registrations()
+        .into_iter()
+        .map(|r| (r.resource_name.clone(), r))
+        .collect();
+    assert_eq!(regs.len(), 2, "{regs:?}\n{}", agent.log());
+    assert_eq!(regs[GPU].endpoint, "nvidia-gpu.sock");
+    assert_eq!(regs[MIG].endpoint, "nvidia-mig-1g.10gb.sock");
+    for r in regs.values() {
+        assert_eq!(r.version, "v1beta1");
+        assert!(
+            r.options
+                .as_ref()
+                .unwrap()
+                .get_preferred_allocation_available
+        );
+    }
+
+    // ListAndWatch: the right counts and IDs per resource.
+    let state = State::read_from(&nvml).unwrap();
+    let uuid = |i: usize| state.gpus[i].uuid.clone();
+    let mut gpu_plugin = plugin(dp.join("nvidia-gpu.sock")).await;
+    let mut mig_plugin = plugin(dp.join("nvidia-mig-1g.10gb.sock")).await;
+    let options = gpu_plugin
+        .get_device_plugin_options(Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(options.get_preferred_allocation_available);
+    let mut gpu_stream = gpu_plugin
+        .list_and_watch(Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    let mut mig_stream = mig_plugin
+        .list_and_watch(Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    let gpus = next_list(&mut gpu_stream).await;
+    let migs = next_list(&mut mig_stream).await;
+    assert_eq!(gpus.devices.len(), 2 * 4 + 2 * 8, "{gpus:?}");
+    assert_eq!(migs.devices.len(), 2 * 7, "{migs:?}");
+    assert!(gpus.devices.iter().all(|d| d.health == "Healthy"));
+    for (i, replicas) in [(2, 4), (3, 4), (4, 8), (5, 8)] {
+        let prefix = format!("{}::", uuid(i));
+        let n = gpus
+            .devices
+            .iter()
+            .filter(|d| d.id.starts_with(&prefix))
+            .count();
+        assert_eq!(n, replicas, "GPU {i}");
+    }
+    let mig_uuids: Vec<String> = State::read_from(&nvml).unwrap().gpus[..2]
+        .iter()
+        .flat_map(|g| g.gpu_instances.iter())
+        .flat_map(|gi| gi.compute_instances.iter().map(|ci| ci.uuid.clone()))
+        .collect();
+    let mut advertised: Vec<String> = migs.devices.iter().map(|d| d.id.clone()).collect();
+    let mut expected = mig_uuids.clone();
+    advertised.sort();
+    expected.sort();
+    assert_eq!(
+        advertised, expected,
+        "MIG devices are advertised by their MIG UUIDs"
+    );
+
+    // GetPreferredAllocation: two replicas stay on one GPU, the least loaded.
+    let all: Vec<String> = gpus.devices.iter().map(|d| d.id.clone()).collect();
+    let without_gpu2: Vec<String> = all
+        .iter()
+        .filter(|id| !id.starts_with(&format!("{}::0", uuid(2))))
+        .cloned()
+        .collect();
+    let preferred = gpu_plugin
+        .get_preferred_allocation(PreferredAllocationRequest {
+            container_requests: vec![ContainerPreferredAllocationRequest {
+                available_device_i_ds: without_gpu2,
+                must_include_device_i_ds: vec![],
+                allocation_size: 2,
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let picked = &preferred.container_responses[0].device_i_ds;
+    assert_eq!(picked.len(), 2);
+    let gpu_of = |id: &str| id.split("::").next().unwrap().to_string();
+    assert_eq!(gpu_of(&picked[0]), gpu_of(&picked[1]), "{picked:?}");
+    assert_ne!(gpu_of(&picked[0]), uuid(2), "GPU 2 has a replica in use");
+
+    // Allocate: time-sliced replicas → the GPU's UUID, once, and no MPS env.
+    let ts = gpu_plugin
+        .allocate(allocate_one(&[
+            &format!("{}::1", uuid(3)),
+            &format!("{}::2", uuid(3)),
+        ]))
+        .await
+        .unwrap()
+        .into_inner();
+    let c = &ts.container_responses[0];
+    assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], uuid(3));
+    assert!(!c.envs.contains_key("CUDA_MPS_PIPE_DIRECTORY"));
+    // An MPS replica → the pipe directory and the per-client limits.
+    let mps = gpu_plugin
+        .allocate(allocate_one(&[&format!("{}::5", uuid(4))]))
+        .await
+        .unwrap()
+        .into_inner();
+    let c = &mps.container_responses[0];
+    assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], uuid(4));
+    assert_eq!(
+        c.envs["CUDA_MPS_PIPE_DIRECTORY"],
+        "/mps/nvidia.com/gpu/pipe"
+    );
+    assert_eq!(c.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "25");
+    let memory = state.gpus[4].total_memory_mib();
+    assert_eq!(
+        c.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"],
+        format!("0={}M", memory / 8)
+    );
+    assert_eq!(c.mounts[0].container_path, "/mps/nvidia.com/gpu/pipe");
+    assert_eq!(
+        PathBuf::from(&c.mounts[0].host_path),
+        dir.path().join("mps/nvidia.com/gpu/pipe")
+    );
+    // Two MPS replicas: refused as the NVIDIA plugin does (failRequestsGreaterThanOne).
+    let refused = gpu_plugin
+        .allocate(allocate_one(&[
+            &format!("{}::0", uuid(5)),
+            &format!("{}::1", uuid(5)),
+        ]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.message(),
+        "invalid allocation request for \"nvidia.com/gpu\": invalid request: maximum request size for shared resources is 1; found 2"
+    );
+    // A MIG device → its MIG UUID.
+    let m = mig_plugin
+        .allocate(allocate_one(&[&mig_uuids[3]]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        m.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"],
+        mig_uuids[3]
+    );
+
+    // Kubelet restart: kubelet.sock and the plugin sockets go, a new kubelet.sock appears.
+    let _ = kubelet_server.send(());
+    for e in std::fs::read_dir(&dp).unwrap().flatten() {
+        std::fs::remove_file(e.path()).unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = kubelet.registrations().len();
+    kubelet_server = kubelet.serve(&dp);
+    wait_for("re-registration", Duration::from_secs(20), || {
+        kubelet.registrations().len() >= before + 2
+    })
+    .await;
+    let again: Vec<String> = kubelet.registrations()[before..]
+        .iter()
+        .map(|r| r.resource_name.clone())
+        .collect();
+    assert!(
+        again.contains(&GPU.to_string()) && again.contains(&MIG.to_string()),
+        "{again:?}"
+    );
+    let mut gpu_plugin = plugin(dp.join("nvidia-gpu.sock")).await;
+    let mut mig_plugin = plugin(dp.join("nvidia-mig-1g.10gb.sock")).await;
+    let mut gpu_stream = gpu_plugin
+        .list_and_watch(Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    let mut mig_stream = mig_plugin
+        .list_and_watch(Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(next_list(&mut gpu_stream).await.devices.len(), 24);
+    assert_eq!(next_list(&mut mig_stream).await.devices.len(), 14);
+
+    // A profile change (time-slicing × 4 → × 2): new lists on the open stream.
+    let changed =
+        profile_text().replace("timeSlicing: {replicas: 4}", "timeSlicing: {replicas: 2}");
+    assert_ne!(changed, profile_text());
+    api.update_configmap_key(NS, CM, KEY, Some(&changed));
+    let list = list_until(&mut gpu_stream, |l| l.devices.len() == 2 * 2 + 2 * 8).await;
+    assert!(list.devices.iter().all(|d| d.health == "Healthy"));
+
+    // A MIG device removed behind the agent's back → Unhealthy on the open stream.
+    let mut s = State::read_from(&nvml).unwrap();
+    let gi = s.gpus[0].gpu_instances.pop().expect("GPU 0 has instances");
+    let gone = gi.compute_instances[0].uuid.clone();
+    s.write_to(&nvml).unwrap();
+    let list = list_until(&mut mig_stream, |l| {
+        l.devices.iter().any(|d| d.health == "Unhealthy")
+    })
+    .await;
+    let unhealthy: Vec<&str> = list
+        .devices
+        .iter()
+        .filter(|d| d.health == "Unhealthy")
+        .map(|d| d.id.as_str())
+        .collect();
+    assert_eq!(unhealthy, [gone.as_str()]);
+    drop(kubelet_server);
+    drop(agent);
+}
+
+fn gpu_share(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_builtin_example_validates_for_builtin_only_and_plans_its_counts() {
+    let file = "profiles/builtin/h100-mixed-sharing.yaml";
+    let nvidia = gpu_share(&["validate", file]);
+    assert!(
+        !nvidia.status.success(),
+        "the stock plugin cannot express it"
+    );
+    assert!(String::from_utf8_lossy(&nvidia.stdout).contains("refuses MPS on a node with MIG"));
+    let builtin = gpu_share(&["validate", "--plugin", "builtin", file]);
+    let out = String::from_utf8_lossy(&builtin.stdout);
+    assert!(builtin.status.success(), "{out}");
+    assert!(
+        out.contains("1 profile checked: 1 valid, 0 with errors"),
+        "{out}"
+    );
+    let plan = gpu_share(&[
+        "plan",
+        "--plugin",
+        "builtin",
+        "--profile",
+        file,
+        "--gpu",
+        "h100x6",
+        "-o",
+        "json",
+    ]);
+    assert!(
+        plan.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plan.stdout)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
+    assert_eq!(plan["resources"][GPU], 24);
+    assert_eq!(plan["resources"][MIG], 14);
+    assert!(
+        plan.get("devicePluginConfig").is_none(),
+        "no NVIDIA config for builtin"
+    );
+}
