@@ -231,7 +231,7 @@ fn apply_writes_the_config_and_reloads_once_and_an_unchanged_profile_sends_nothi
     let config = dir.path().join("config.yaml");
     let pid_file = dir.path().join("plugin.pid");
     std::fs::write(&pid_file, plugin.pid().to_string()).unwrap();
-    let args = |profile: &'static str| {
+    let args = |profile: &str| {
         vec![
             "apply".to_string(),
             "--profile".into(),
@@ -242,7 +242,7 @@ fn apply_writes_the_config_and_reloads_once_and_an_unchanged_profile_sends_nothi
             pid_file.display().to_string(),
         ]
     };
-    let run = |profile| {
+    let run = |profile: &str| {
         let a = args(profile);
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
         let out = gpu_share(&a, &state, &dir.path().join("gs"));
@@ -257,7 +257,7 @@ fn apply_writes_the_config_and_reloads_once_and_an_unchanged_profile_sends_nothi
     let out = run("profiles/a100-80gb-single.yaml");
     assert!(
         out.contains(&format!(
-            "plugin (PID {}) signalled to reload",
+            "device plugin (PID {}) signalled to reload",
             plugin.pid()
         )),
         "{out}"
@@ -281,6 +281,21 @@ fn apply_writes_the_config_and_reloads_once_and_an_unchanged_profile_sends_nothi
     // A different profile: new content, one more reload.
     run("profiles/h100-inference.yaml");
     wait_for(|| plugin.hups() == 2, "the second reload");
+
+    // Fewer 1g.10gb instances: the same config bytes, but the plugin must re-enumerate the MIG
+    // devices (NVIDIA DP#992), so it is signalled although the file is unchanged.
+    std::fs::create_dir_all(dir.path().join("edited")).unwrap();
+    let fewer = dir.path().join("edited/h100-inference.yaml");
+    let text = std::fs::read_to_string("profiles/h100-inference.yaml")
+        .unwrap()
+        .replace("1g.10gb: 7", "1g.10gb: 5");
+    std::fs::write(&fewer, text).unwrap();
+    let before = std::fs::read_to_string(&config).unwrap();
+    let out = run(fewer.to_str().unwrap());
+    assert!(!out.contains("device-plugin config written"), "{out}");
+    assert!(out.contains("signalled to reload"), "{out}");
+    wait_for(|| plugin.hups() == 3, "the reload after a MIG-only change");
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), before);
 }
 
 #[test]

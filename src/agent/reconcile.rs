@@ -307,7 +307,7 @@ impl Reconciler {
                 ),
             });
         }
-        if report.plugin_config_written {
+        if report.plugin_config_written || !report.steps.is_empty() {
             self.restart_plugin_pods().await;
         }
         if let Some(plugins) = &self.plugins {

@@ -236,10 +236,14 @@ fn publish_plugin_config(report: &mut ApplyReport, opts: &ApplyOptions) -> Resul
             path: out.config_path.display().to_string(),
             source,
         })?;
-    if !report.plugin_config_written {
+    if report.plugin_config_written {
+        info!(path = %out.config_path.display(), "device-plugin config written");
+    }
+    // The plugin enumerates MIG devices when it (re)starts: a MIG change under an unchanged
+    // config (same profile names, other counts) must reload it too (NVIDIA DP#992).
+    if !report.plugin_config_written && report.steps.is_empty() {
         return Ok(());
     }
-    info!(path = %out.config_path.display(), "device-plugin config written");
     if let Some(target) = &out.reload {
         let pid = reload(target)?;
         info!(pid, "device plugin signalled to reload (SIGHUP)");

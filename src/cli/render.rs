@@ -267,13 +267,10 @@ pub(super) fn applied(report: &ApplyReport) -> String {
         }
     );
     if report.plugin_config_written {
-        out.push_str("device-plugin config written");
-        match report.plugin_reloaded {
-            Some(pid) => {
-                let _ = writeln!(out, "; plugin (PID {pid}) signalled to reload");
-            }
-            None => out.push('\n'),
-        }
+        out.push_str("device-plugin config written\n");
+    }
+    if let Some(pid) = report.plugin_reloaded {
+        let _ = writeln!(out, "device plugin (PID {pid}) signalled to reload");
     }
     out
 }
