@@ -374,12 +374,14 @@ fn label_set_changed_and_removed() {
     );
     assert_eq!(node.nvml().gpus[0].gpu_instances.len(), 5);
     assert!(!unschedulable(&api, "gpu-1"), "uncordoned after the change");
-    let reasons: Vec<String> = api
-        .events()
-        .iter()
-        .filter_map(|e| e.reason.clone())
-        .collect();
-    assert!(reasons.contains(&"Applied".to_string()), "{reasons:?}");
+    // The Event follows the state label.
+    assert!(
+        api.wait_until(Duration::from_secs(10), |a| a
+            .events()
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("Applied"))),
+        "no Applied event"
+    );
 
     // A workload on a 1g.10gb that h100-inference keeps, and one on the 3g.40gb it destroys.
     let keep_gi = node.gi_at(0, 0);

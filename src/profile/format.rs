@@ -228,6 +228,11 @@ mod selector_serde {
                         indices.extend(parse_range(&r).map_err(de::Error::custom)?)
                     }
                 }
+                if indices.len() > MAX_INDICES {
+                    return Err(de::Error::custom(format!(
+                        "devices lists more than {MAX_INDICES} GPU indices"
+                    )));
+                }
             }
             Ok(DeviceSelector::Indices(indices))
         }
@@ -251,6 +256,10 @@ mod selector_serde {
         u32::try_from(i).map_err(|_| E::custom(format!("GPU index {i} is negative or too large")))
     }
 
+    /// More indices than any node has GPUs: a typo such as "0-4294967295" is refused before it
+    /// is expanded (found by fuzzing: it allocated 16 GiB).
+    const MAX_INDICES: usize = 1024;
+
     /// `"4-7"` → 4, 5, 6, 7; `"3"` → 3.
     fn parse_range(text: &str) -> Result<Vec<u32>, String> {
         let bad = || format!("devices: {text:?} is not a GPU index or a range such as \"4-7\"");
@@ -262,6 +271,11 @@ mod selector_serde {
         let hi: u32 = hi.parse().map_err(|_| bad())?;
         if lo > hi {
             return Err(format!("devices: range {text:?} runs backwards"));
+        }
+        if (hi - lo) as usize >= MAX_INDICES {
+            return Err(format!(
+                "devices: range {text:?} spans more than {MAX_INDICES} GPUs"
+            ));
         }
         Ok((lo..=hi).collect())
     }

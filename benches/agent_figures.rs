@@ -1,0 +1,381 @@
+//! Whole-process figures for the node agent: the real `gpu-share agent` binary (the bench
+//! profile's build, i.e. release, which `cargo bench` builds next to this harness) against the
+//! Kubernetes API double (tests/kube-double) and the fake `libnvidia-ml.so` (tests/fake-nvml).
+//!
+//! - `latency`: node label change → device-plugin config written, p50/p99, over 100 changes
+//!   between two profiles that differ only in time-slicing replicas (no MIG change, no drain),
+//!   and over 10 changes between two MIG profiles (drain slot, cordon, MIG steps, uncordon).
+//! - `memory`: the agent's VmRSS/VmHWM idle, and after 1,000 reconciles (label changes, each
+//!   waited for until its success is published).
+//! - `transitions`: the transition suite (every ordered pair of the H100 example profiles on 8
+//!   simulated H100s) with a workload on every GPU instance and on every whole GPU: instances
+//!   destroyed and pods evicted per transition, against a destroy-everything /
+//!   evict-everything baseline on the same transitions.
+//!
+//! Run: `cargo bench --bench agent_figures` (all), or `-- latency`, `-- memory`,
+//! `-- transitions`. Counts: `GPU_SHARE_BENCH_CHANGES` (100), `GPU_SHARE_BENCH_MIG_CHANGES`
+//! (10), `GPU_SHARE_BENCH_RECONCILES` (1000). See benches/README.md.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube_double::KubeDouble;
+use support::*;
+
+/// Two profiles that differ only in time-slicing replicas: switching needs no MIG change.
+fn time_slicing(replicas: u32) -> String {
+    format!(
+        "version: v1\ndescription: bench, every GPU time-sliced {replicas} ways\nrules:\n  - devices: all\n    timeSlicing: {{replicas: {replicas}}}\n"
+    )
+}
+
+const TS: [&str; 2] = ["ts-4", "ts-8"];
+
+fn ts_texts() -> [String; 2] {
+    [time_slicing(4), time_slicing(8)]
+}
+
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Nearest-rank percentile of sorted samples.
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn summary(name: &str, mut samples: Vec<Duration>) {
+    samples.sort();
+    println!(
+        "| {name} | {} | {} | {} | {} | {} |",
+        samples.len(),
+        ms(percentile(&samples, 50.0)),
+        ms(percentile(&samples, 99.0)),
+        ms(samples[0]),
+        ms(*samples.last().unwrap()),
+    );
+}
+
+/// Change the node's label to `key` and time (config file rewritten, success published).
+fn change(
+    api: &KubeDouble,
+    node: &AgentNode,
+    key: &str,
+    text: &str,
+    timeout: Duration,
+) -> (Duration, Duration) {
+    let config = node.plugin_config();
+    let before = std::fs::read(&config).unwrap_or_default();
+    let t0 = Instant::now();
+    api.set_node_label(&node.name, PROFILE_LABEL, Some(key));
+    let written = poll(timeout, Duration::from_millis(1), || {
+        std::fs::read(&config).is_ok_and(|now| now != before)
+    });
+    assert!(written, "{key}: config not written\n{}", node.log());
+    let written = t0.elapsed();
+    let ok = poll(timeout, Duration::from_millis(1), || {
+        is_applied(api, &node.name, text)
+    });
+    assert!(
+        ok,
+        "{key}: not applied; state {:?}, reason {:?}\n{}",
+        state_of(api, &node.name),
+        annotation(api, &node.name, REASON),
+        node.log()
+    );
+    (written, t0.elapsed())
+}
+
+fn latency() {
+    let changes = env_count("GPU_SHARE_BENCH_CHANGES", 100);
+    let mig_changes = env_count("GPU_SHARE_BENCH_MIG_CHANGES", 10);
+    let api = Arc::new(KubeDouble::start());
+    let texts = ts_texts();
+    profiles_configmap(
+        &api,
+        &["h100-inference", "h100-balanced"],
+        &[(TS[0], texts[0].clone()), (TS[1], texts[1].clone())],
+    );
+
+    // Time-slicing only, 8 H100s with MIG off.
+    let mut node = AgentNode::new(&api, "bench-ts", h100s(8, false));
+    api.set_node_label(&node.name, PROFILE_LABEL, Some(TS[0]));
+    node.start_agent(&["--resync-secs", "300"], &[]);
+    wait_applied_text(&api, &node, &texts[0], Duration::from_secs(60), TS[0]);
+    let (mut written, mut done) = (Vec::new(), Vec::new());
+    for i in 0..changes {
+        let k = (i + 1) % 2;
+        let (w, d) = change(&api, &node, TS[k], &texts[k], Duration::from_secs(30));
+        written.push(w);
+        done.push(d);
+    }
+    node.kill_agent();
+
+    // MIG changes: h100-balanced ↔ h100-inference on 8 H100s (no pods to evict).
+    let mut mig = AgentNode::new(&api, "bench-mig", h100s(8, true));
+    api.set_node_label(&mig.name, PROFILE_LABEL, Some("h100-balanced"));
+    mig.start_agent(&["--resync-secs", "300"], &[]);
+    wait_applied(&api, &mig, "h100-balanced", Duration::from_secs(60));
+    let (mut mig_written, mut mig_done) = (Vec::new(), Vec::new());
+    let names = ["h100-balanced", "h100-inference"];
+    for i in 0..mig_changes {
+        let name = names[(i + 1) % 2];
+        let (w, d) = change(
+            &api,
+            &mig,
+            name,
+            &profile_text(name),
+            Duration::from_secs(60),
+        );
+        mig_written.push(w);
+        mig_done.push(d);
+    }
+    mig.kill_agent();
+
+    println!("\n## label change → device-plugin config written (8 simulated H100s)\n");
+    println!("| change | n | p50 | p99 | min | max |");
+    println!("|---|---|---|---|---|---|");
+    summary("time-slicing 4 ↔ 8 replicas: config written", written);
+    summary("time-slicing 4 ↔ 8 replicas: success published", done);
+    summary(
+        "h100-balanced ↔ h100-inference (MIG): config written",
+        mig_written,
+    );
+    summary(
+        "h100-balanced ↔ h100-inference (MIG): success published",
+        mig_done,
+    );
+}
+
+fn memory() {
+    let reconciles = env_count("GPU_SHARE_BENCH_RECONCILES", 1000);
+    println!("\n## agent memory (8 simulated H100s, time-slicing profiles)\n");
+    println!("| NVML library | when | VmRSS | VmHWM |");
+    println!("|---|---|---|---|");
+    // The agent opens NVML for every reconcile (dlopen … dlclose). Pinning the library with
+    // LD_PRELOAD keeps it loaded, which tells growth of the agent from growth of the library's
+    // own reloads.
+    memory_run(
+        reconciles,
+        "reopened every reconcile (the agent's pattern)",
+        &[],
+    );
+    let preload = nvidia_ml::cdylib_path().display().to_string();
+    memory_run(
+        reconciles,
+        "kept loaded (LD_PRELOAD)",
+        &[("LD_PRELOAD", preload)],
+    );
+}
+
+fn memory_run(reconciles: usize, what: &str, env: &[(&str, String)]) {
+    let api = Arc::new(KubeDouble::start());
+    let texts = ts_texts();
+    profiles_configmap(
+        &api,
+        &[],
+        &[(TS[0], texts[0].clone()), (TS[1], texts[1].clone())],
+    );
+    let mut node = AgentNode::new(&api, "bench-mem", h100s(8, false));
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    api.set_node_label(&node.name, PROFILE_LABEL, Some(TS[0]));
+    node.start_agent(&["--resync-secs", "300", "--listen", &listen], env);
+    wait_applied_text(&api, &node, &texts[0], Duration::from_secs(60), TS[0]);
+    std::thread::sleep(Duration::from_secs(3));
+    let (idle_rss, idle_hwm) = node.agent_memory_kb();
+
+    let started = Instant::now();
+    let mut trace = Vec::new();
+    for i in 0..reconciles {
+        let k = (i + 1) % 2;
+        change(&api, &node, TS[k], &texts[k], Duration::from_secs(30));
+        if (i + 1) % 250 == 0 {
+            trace.push(format!("{}: {} kB", i + 1, node.agent_memory_kb().0));
+        }
+    }
+    let took = started.elapsed();
+    std::thread::sleep(Duration::from_secs(1));
+    let (rss, hwm) = node.agent_memory_kb();
+    let metrics = http_get(port, "/metrics").unwrap_or_default();
+    let counted = metric(&metrics, "gpu_share_reconciles_total{result=\"success\"}");
+    node.kill_agent();
+    eprintln!("VmRSS, NVML {what}: {}", trace.join(", "));
+
+    let mib = |kb: u64| format!("{:.1} MiB", kb as f64 / 1024.0);
+    println!(
+        "| {what} | idle, profile applied | {} | {} |",
+        mib(idle_rss),
+        mib(idle_hwm)
+    );
+    println!(
+        "| {what} | after {reconciles} more reconciles ({:.1} s; /metrics: {} successful in all) | {} | {} |",
+        took.as_secs_f64(),
+        counted.map_or("?".into(), |c| format!("{c}")),
+        mib(rss),
+        mib(hwm)
+    );
+    println!(
+        "| {what} | growth per reconcile | {:.1} kB | |",
+        (rss as f64 - idle_rss as f64) / reconciles.max(1) as f64
+    );
+}
+
+struct Row {
+    from: &'static str,
+    to: &'static str,
+    destroyed: usize,
+    evicted: usize,
+    destroy_all: usize,
+    evict_all: usize,
+}
+
+fn transition(from: &'static str, to: &'static str) -> Row {
+    let api = Arc::new(KubeDouble::start());
+    profiles_configmap(&api, H100_PROFILES, &[]);
+    let mut node = AgentNode::new(&api, "bench-transition", h100s(8, true));
+    api.set_node_label(&node.name, PROFILE_LABEL, Some(from));
+    node.start_agent(&[], &[]);
+    wait_applied(&api, &node, from, Duration::from_secs(60));
+
+    let workloads = node.workloads_everywhere("w", 10_000);
+    node.add_workloads(&api, &workloads);
+    let before = node.nvml();
+    let destroyed_before = node.count("nvmlGpuInstanceDestroy");
+    api.set_node_label(&node.name, PROFILE_LABEL, Some(to));
+    wait_applied(&api, &node, to, Duration::from_secs(120));
+    let after = node.nvml();
+    node.kill_agent();
+
+    assert_no_orphans(&after, &format!("{from} → {to}"));
+    let destroyed = node.count("nvmlGpuInstanceDestroy") - destroyed_before;
+    let evicted = evicted(&api);
+    // The baseline: every instance on every GPU whose MIG layout or mode changes is destroyed
+    // (clear and recreate), and when any GPU changes every GPU pod on the node is evicted.
+    let changed: Vec<usize> = (0..before.gpus.len())
+        .filter(|&i| gpu_changed(&before.gpus[i], &after.gpus[i]))
+        .collect();
+    let destroy_all = changed
+        .iter()
+        .map(|&i| before.gpus[i].gpu_instances.len())
+        .sum();
+    let evict_all = if changed.is_empty() {
+        0
+    } else {
+        workloads.len()
+    };
+    // gpu-share evicts only pods on instances it destroys or GPUs whose MIG mode changes.
+    for w in &workloads {
+        if evicted.contains(&w.pod) {
+            let (b, a) = (&before.gpus[w.gpu], &after.gpus[w.gpu]);
+            let gone = match w.gi {
+                Some(gi) => !a.gpu_instances.iter().any(|g| {
+                    g.id == gi && b.gpu_instance(gi).map(|x| x.placement) == Some(g.placement)
+                }),
+                None => b.mig.map(|m| m.current) != a.mig.map(|m| m.current),
+            };
+            assert!(
+                gone,
+                "{from} → {to}: {} evicted but its GPU instance stays",
+                w.pod
+            );
+        }
+    }
+    Row {
+        from,
+        to,
+        destroyed,
+        evicted: evicted.len(),
+        destroy_all,
+        evict_all,
+    }
+}
+
+fn transitions() {
+    let rows: Vec<Row> = support::transitions()
+        .into_iter()
+        .map(|(from, to)| {
+            let row = transition(from, to);
+            eprintln!(
+                "{from} → {to}: destroyed {} (baseline {}), evicted {} (baseline {})",
+                row.destroyed, row.destroy_all, row.evicted, row.evict_all
+            );
+            row
+        })
+        .collect();
+    println!("\n## transition suite: 8 simulated H100s, one pod per GPU instance / whole GPU\n");
+    println!("| from → to | instances destroyed | destroy-everything | pods evicted | evict-everything |");
+    println!("|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} → {} | {} | {} | {} | {} |",
+            r.from, r.to, r.destroyed, r.destroy_all, r.evicted, r.evict_all
+        );
+    }
+    let sum = |f: fn(&Row) -> usize| rows.iter().map(f).sum::<usize>();
+    let (d, da, e, ea) = (
+        sum(|r| r.destroyed),
+        sum(|r| r.destroy_all),
+        sum(|r| r.evicted),
+        sum(|r| r.evict_all),
+    );
+    println!(
+        "| **all {} transitions** | **{d}** | **{da}** | **{e}** | **{ea}** |",
+        rows.len()
+    );
+    println!(
+        "\nper transition: {:.2} instances destroyed vs {:.2} ({:.0}% of the baseline), {:.2} pods evicted vs {:.2} ({:.0}% of the baseline)",
+        d as f64 / rows.len() as f64,
+        da as f64 / rows.len() as f64,
+        100.0 * d as f64 / da.max(1) as f64,
+        e as f64 / rows.len() as f64,
+        ea as f64 / rows.len() as f64,
+        100.0 * e as f64 / ea.max(1) as f64,
+    );
+}
+
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")?
+                .split_once(':')
+                .map(|x| x.1.trim())
+        })
+        .unwrap_or("unknown CPU")
+        .to_string();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores, {}, {model}", std::env::consts::ARCH)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; other words pick figures.
+    let picks: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let want = |name: &str| picks.is_empty() || picks.iter().any(|p| name.contains(p.as_str()));
+    println!("# gpu-share agent figures\n\nmachine: {}", machine());
+    println!("agent: {}", gpu_share_bin());
+    if want("latency") {
+        latency();
+    }
+    if want("memory") {
+        memory();
+    }
+    if want("transitions") {
+        transitions();
+    }
+}
