@@ -712,8 +712,7 @@ fn drain_with_fault(
 }
 
 #[test]
-#[ignore = "known issue, fails today: a hung eviction request stalls the drain forever (no request timeout)"]
-fn known_issue_a_hung_eviction_request_is_bounded_by_the_drain_timeout() {
+fn a_hung_eviction_request_is_bounded_by_the_drain_timeout() {
     let (api, node) = drain_with_fault(
         "gpu-hang-evict",
         Verb::Create,

@@ -129,7 +129,19 @@ where
     while !left.is_empty() {
         for t in left.clone() {
             let api: Api<Pod> = Api::namespaced(eviction_client.clone(), &t.namespace);
-            match api.evict(&t.name, &EvictParams::default()).await {
+            // A request that never answers must not outlive the drain timeout.
+            let limit = settings
+                .timeout
+                .saturating_sub(started.elapsed())
+                .clamp(Duration::from_millis(100), Duration::from_secs(30));
+            let answer = tokio::time::timeout(limit, api.evict(&t.name, &EvictParams::default()))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(kube::Error::Service(
+                        format!("eviction request gave no answer within {limit:?}").into(),
+                    ))
+                });
+            match answer {
                 Ok(_) => {
                     metrics.eviction("evicted");
                     info!(pod = %t, "evicted");
