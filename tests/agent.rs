@@ -164,12 +164,14 @@ impl Node {
             format!("0::/kubepods/besteffort/pod{uid}/c0ffee\n"),
         )
         .unwrap();
+        // Under the kubelet's lock: it must not see the process before it knows the pod.
+        let mut workloads = self.workloads.lock().unwrap();
         let mut state = self.nvml();
         state.gpus[gpu]
             .processes
             .push(Process::on_mig(pid, 1024, gi, 0));
         state.write_to(self.path("nvml.json")).unwrap();
-        self.workloads.lock().unwrap().insert(pid, uid.clone());
+        workloads.insert(pid, uid.clone());
         uid
     }
 
@@ -184,28 +186,28 @@ impl Node {
         let node = self.name.clone();
         std::thread::spawn(move || {
             while alive.load(Ordering::SeqCst) {
-                let uids: Vec<String> = api
-                    .pods_on(&node)
-                    .iter()
-                    .filter_map(|p| p.metadata.uid.clone())
-                    .collect();
-                let gone: Vec<u32> = workloads
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .filter(|(_, uid)| !uids.contains(uid))
-                    .map(|(pid, _)| *pid)
-                    .collect();
-                if !gone.is_empty() {
-                    let mut s = State::read_from(&state).unwrap();
-                    for g in &mut s.gpus {
-                        g.processes.retain(|p| !gone.contains(&p.pid));
+                // Pods are listed under the lock, so a workload added meanwhile is never taken
+                // for one whose pod is gone.
+                {
+                    let mut workloads = workloads.lock().unwrap();
+                    let uids: Vec<String> = api
+                        .pods_on(&node)
+                        .iter()
+                        .filter_map(|p| p.metadata.uid.clone())
+                        .collect();
+                    let gone: Vec<u32> = workloads
+                        .iter()
+                        .filter(|(_, uid)| !uids.contains(uid))
+                        .map(|(pid, _)| *pid)
+                        .collect();
+                    if !gone.is_empty() {
+                        let mut s = State::read_from(&state).unwrap();
+                        for g in &mut s.gpus {
+                            g.processes.retain(|p| !gone.contains(&p.pid));
+                        }
+                        s.write_to(&state).unwrap();
+                        workloads.retain(|pid, _| !gone.contains(pid));
                     }
-                    s.write_to(&state).unwrap();
-                    workloads
-                        .lock()
-                        .unwrap()
-                        .retain(|pid, _| !gone.contains(pid));
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
