@@ -297,6 +297,105 @@ fn mps_daemons_start_with_the_profile_and_stop_when_it_changes() {
 }
 
 #[test]
+fn mps_inside_mig_devices_gets_one_daemon_per_device() {
+    let node = Node::new(gpus("h100", 2, false));
+    let profile = "profiles/builtin/h100-mps-in-mig.yaml";
+    let out = node.gpu_share(
+        &[
+            "apply",
+            "--plugin",
+            "builtin",
+            "--profile",
+            profile,
+            "-o",
+            "json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let status: serde_json::Value = serde_json::from_str(&node.status_json()).unwrap();
+    let mut mig_uuids: Vec<String> = status["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["computeInstances"].as_array().unwrap().clone())
+        .map(|ci| ci["uuid"].as_str().unwrap().to_string())
+        .collect();
+    mig_uuids.sort();
+    assert_eq!(mig_uuids.len(), 4, "2 GPUs × 2 × 3g.40gb");
+    let mut started: Vec<String> = report["mps"]["started"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect();
+    started.sort();
+    let expected: Vec<String> = mig_uuids
+        .iter()
+        .map(|u| format!("nvidia.com/mig-3g.40gb/{u}"))
+        .collect();
+    assert_eq!(started, expected);
+    let mps = node.state_dir.join("mps");
+    assert_eq!(pid_files(&mps).len(), 4);
+    // Each daemon sees only its MIG device and got the per-client defaults (the fake logs its
+    // CUDA_VISIBLE_DEVICES and every command it received).
+    for uuid in &mig_uuids {
+        let log = std::fs::read_to_string(
+            mps.join("nvidia.com/mig-3g.40gb")
+                .join(uuid)
+                .join("log/control.log"),
+        )
+        .unwrap();
+        assert!(
+            log.contains(&format!("CUDA_VISIBLE_DEVICES={uuid}\n")),
+            "{log}"
+        );
+        assert!(
+            log.contains(&format!(
+                "Cmd:set_default_device_pinned_mem_limit 0 {}M",
+                40448 / 4
+            )),
+            "{log}"
+        );
+        assert!(
+            log.contains("Cmd:set_default_active_thread_percentage 50"),
+            "{log}"
+        );
+    }
+    // A second apply changes nothing; back to exclusive quits every daemon.
+    let again = node.gpu_share(
+        &[
+            "apply",
+            "--plugin",
+            "builtin",
+            "--profile",
+            profile,
+            "-o",
+            "json",
+        ],
+        &[],
+    );
+    let again: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(again["mps"]["unchanged"].as_array().unwrap().len(), 4);
+    assert!(again["mps"]["started"].as_array().unwrap().is_empty());
+    let out = node.gpu_share(
+        &[
+            "apply",
+            "--profile",
+            "profiles/exclusive.yaml",
+            "-o",
+            "json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["mps"]["stopped"].as_array().unwrap().len(), 4);
+    assert!(pid_files(&mps).is_empty());
+}
+
+#[test]
 fn a_home_lab_gpu_without_mig_is_left_alone() {
     let node = Node::new(vec![Gpu::non_mig("NVIDIA GeForce RTX 3090", 24576)]);
     let out = node.apply_ok("profiles/homelab-timeslice.yaml");

@@ -248,3 +248,118 @@ fn catalog_lists_every_model() {
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
+
+/// The examples under profiles/builtin/, for `--plugin builtin`, and the node each is written for.
+const BUILTIN_EXAMPLES: &[(&str, &str)] = &[
+    ("profiles/builtin/h100-mixed-sharing.yaml", "h100x6"),
+    ("profiles/builtin/h100-mps-in-mig.yaml", "h100x2"),
+];
+
+#[test]
+fn builtin_examples_validate_for_the_builtin_plugin_only_and_plan() {
+    let mut on_disk: Vec<String> = std::fs::read_dir("profiles/builtin")
+        .unwrap()
+        .map(|e| {
+            format!(
+                "profiles/builtin/{}",
+                e.unwrap().file_name().to_string_lossy()
+            )
+        })
+        .collect();
+    on_disk.sort();
+    let mut listed: Vec<String> = BUILTIN_EXAMPLES
+        .iter()
+        .map(|(p, _)| p.to_string())
+        .collect();
+    listed.sort();
+    assert_eq!(
+        on_disk, listed,
+        "add new builtin examples to BUILTIN_EXAMPLES"
+    );
+    for (file, gpus) in BUILTIN_EXAMPLES {
+        let nvidia = gpu_share(&["validate", file]);
+        assert_eq!(nvidia.status.code(), Some(1), "{file}: {}", stdout(&nvidia));
+        assert!(
+            stdout(&nvidia).contains("--plugin builtin"),
+            "{}",
+            stdout(&nvidia)
+        );
+        let builtin = gpu_share(&["validate", "--plugin", "builtin", file]);
+        assert!(builtin.status.success(), "{file}: {}", stdout(&builtin));
+        let plan = gpu_share(&[
+            "plan",
+            "--plugin",
+            "builtin",
+            "--profile",
+            file,
+            "--gpu",
+            gpus,
+            "-o",
+            "json",
+        ]);
+        assert!(plan.status.success(), "{file}: {}", stdout(&plan));
+    }
+}
+
+#[test]
+fn mps_inside_mig_devices_is_planned_per_device_with_its_client_limit() {
+    let plan = gpu_share(&[
+        "plan",
+        "--plugin",
+        "builtin",
+        "--profile",
+        "profiles/builtin/h100-mps-in-mig.yaml",
+        "--gpu",
+        "h100x2",
+        "-o",
+        "json",
+    ]);
+    let plan = json(&plan);
+    // 2 GPUs × 2 instances × 4 clients.
+    assert_eq!(plan["resources"]["nvidia.com/mig-3g.40gb"], 16);
+    let mode = &plan["gpus"][0]["mode"];
+    assert_eq!(mode["type"], "mig");
+    assert_eq!(mode["replicas"], 4);
+    assert_eq!(mode["mps"]["activeThreadPercentage"], 50);
+    // auto: the 3g.40gb profile's memory (catalog: 40448 MiB on H100 SXM) over 4 clients.
+    assert_eq!(mode["mps"]["pinnedMemoryLimitMib"]["3g.40gb"], 40448 / 4);
+
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    // MIG User Guide: the 48 clients are lowered in proportion to the compute instance: a
+    // 1g.10gb is 1 of 7 slices, so 48 × 1/7 → 6.
+    let seven = write(
+        "seven.yaml",
+        "version: v1\nrules:\n  - devices: all\n    mig: {1g.10gb: 7}\n    mps: {replicas: 7}\n",
+    );
+    let out = gpu_share(&["validate", "--plugin", "builtin", &seven]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains(
+            "takes at most 6 clients (48 lowered in proportion to its 1 of 7 compute slices"
+        ),
+        "{}",
+        stdout(&out)
+    );
+    let six = write(
+        "six.yaml",
+        "version: v1\nrules:\n  - devices: all\n    mig: {1g.10gb: 7}\n    mps: {replicas: 6}\n",
+    );
+    let out = gpu_share(&["validate", "--plugin", "builtin", &six]);
+    assert!(out.status.success(), "{}", stdout(&out));
+    let both = write(
+        "both.yaml",
+        "version: v1\nrules:\n  - devices: all\n    mig: {1g.10gb: 7}\n    mps: {replicas: 2}\n    timeSlicing: {replicas: 2}\n",
+    );
+    let out = gpu_share(&["validate", "--plugin", "builtin", &both]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains("the rule sets timeSlicing and mps and mig"),
+        "{}",
+        stdout(&out)
+    );
+}

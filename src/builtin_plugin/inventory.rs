@@ -9,9 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use super::api;
-use crate::mig::catalog::resource_name;
-use crate::plan::{shared_name, NodePlan, ObservedNode, PlannedMode};
-use crate::profile::{MigStrategy, PluginOptions};
+use crate::mps::daemon::{mig_daemon_name, SHM_DIR};
+use crate::plan::{mig_resource, NodePlan, ObservedNode, PlannedMode};
+use crate::profile::PluginOptions;
 
 /// Every advertised resource, by name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -49,12 +49,34 @@ pub struct DeviceEntry {
 /// What an MPS client container needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MpsClient {
-    /// The daemon's pipe directory on the host (`<mps root>/<resource>/pipe`).
+    /// The daemon's pipe directory on the host (`<mps root>/<daemon>/pipe`, where the daemon is
+    /// named by its resource, plus `/<MIG UUID>` for a daemon per MIG device).
     pub host_pipe_dir: PathBuf,
-    /// Where it is mounted in the container (`/mps/<resource>/pipe`, as NVIDIA's plugin does).
+    /// Where it is mounted in the container (`/mps/<daemon>/pipe`, as NVIDIA's plugin does).
     pub container_pipe_dir: String,
+    /// The tmpfs the daemons use as `/dev/shm` (`<mps root>/shm`): clients talk to the MPS
+    /// server through shared memory, so theirs must be the same (nvidia-stack.md §1.7).
+    pub host_shm_dir: PathBuf,
     pub active_thread_percentage: Option<u32>,
     pub pinned_memory_limit_mib: Option<u64>,
+}
+
+impl MpsClient {
+    /// The client side of the daemon `daemon` (a directory under `mps_root`).
+    pub fn new(
+        mps_root: &Path,
+        daemon: &str,
+        active_thread_percentage: Option<u32>,
+        pinned_memory_limit_mib: Option<u64>,
+    ) -> Self {
+        MpsClient {
+            host_pipe_dir: mps_root.join(daemon).join("pipe"),
+            container_pipe_dir: format!("{}/{daemon}/pipe", super::CONTAINER_MPS_ROOT),
+            host_shm_dir: mps_root.join(SHM_DIR),
+            active_thread_percentage,
+            pinned_memory_limit_mib,
+        }
+    }
 }
 
 impl Inventory {
@@ -91,26 +113,23 @@ impl Inventory {
                 }
             };
             match &gpu.mode {
-                PlannedMode::Mig { replicas, .. } => {
-                    let mut cis: Vec<_> = seen.compute_instances.iter().collect();
-                    cis.sort_by_key(|c| (c.gi_id, c.ci_id));
-                    for ci in cis {
-                        let (Some(uuid), Some(gi)) = (
-                            ci.uuid.as_deref(),
-                            seen.instances.iter().find(|i| i.gi_id == Some(ci.gi_id)),
-                        ) else {
+                PlannedMode::Mig { replicas, mps, .. } => {
+                    for device in seen.mig_devices() {
+                        let Some(uuid) = device.uuid else {
                             continue;
                         };
-                        let base = match plan.mig_strategy {
-                            MigStrategy::Single => crate::timeslice::GPU_RESOURCE.to_string(),
-                            _ => resource_name(&gi.profile),
-                        };
-                        add(
-                            &shared_name(&base, rename, *replicas),
-                            uuid,
-                            *replicas,
-                            None,
-                        );
+                        let resource =
+                            mig_resource(device.profile, plan.mig_strategy, rename, *replicas);
+                        // MPS inside a MIG device: its own daemon (MIG User Guide).
+                        let client = mps.as_ref().map(|m| {
+                            MpsClient::new(
+                                mps_root,
+                                &mig_daemon_name(&resource, uuid),
+                                m.active_thread_percentage,
+                                m.pinned_memory_limit_mib.get(device.profile).copied(),
+                            )
+                        });
+                        add(&resource, uuid, *replicas, client);
                     }
                 }
                 mode => {
@@ -128,15 +147,12 @@ impl Inventory {
                             pinned_memory_limit_mib,
                         } => (
                             *replicas,
-                            Some(MpsClient {
-                                host_pipe_dir: mps_root.join(resource).join("pipe"),
-                                container_pipe_dir: format!(
-                                    "{}/{resource}/pipe",
-                                    super::CONTAINER_MPS_ROOT
-                                ),
-                                active_thread_percentage: *active_thread_percentage,
-                                pinned_memory_limit_mib: *pinned_memory_limit_mib,
-                            }),
+                            Some(MpsClient::new(
+                                mps_root,
+                                resource,
+                                *active_thread_percentage,
+                                *pinned_memory_limit_mib,
+                            )),
                         ),
                         _ => (1, None),
                     };
@@ -264,6 +280,14 @@ impl ResourceDevices {
             ));
         }
         let first = mps[0];
+        if mps.iter().any(|m| m.host_pipe_dir != first.host_pipe_dir) {
+            // A client process reaches one MPS daemon: the one in CUDA_MPS_PIPE_DIRECTORY.
+            return Err(format!(
+                "the request for {} spans {} MIG devices, each shared through its own MPS daemon, but a container can reach only one: request one device",
+                self.resource,
+                mps.len()
+            ));
+        }
         response.envs.insert(
             "CUDA_MPS_PIPE_DIRECTORY".into(),
             first.container_pipe_dir.clone(),
@@ -271,6 +295,11 @@ impl ResourceDevices {
         response.mounts.push(api::Mount {
             container_path: first.container_pipe_dir.clone(),
             host_path: first.host_pipe_dir.display().to_string(),
+            read_only: false,
+        });
+        response.mounts.push(api::Mount {
+            container_path: "/dev/shm".into(),
+            host_path: first.host_shm_dir.display().to_string(),
             read_only: false,
         });
         if let Some(p) = first.active_thread_percentage {
@@ -361,11 +390,13 @@ mod tests {
     use super::*;
 
     fn shared(resource: &str, gpus: &[(&str, u32)], replicas: u64, mps: bool) -> ResourceDevices {
-        let client = mps.then(|| MpsClient {
-            host_pipe_dir: PathBuf::from(format!("/run/nvidia/mps/{resource}/pipe")),
-            container_pipe_dir: format!("/mps/{resource}/pipe"),
-            active_thread_percentage: Some(25),
-            pinned_memory_limit_mib: Some(10240),
+        let client = mps.then(|| {
+            MpsClient::new(
+                Path::new("/run/nvidia/mps"),
+                resource,
+                Some(25),
+                Some(10240),
+            )
         });
         ResourceDevices {
             resource: resource.into(),
@@ -406,6 +437,8 @@ mod tests {
         assert_eq!(a.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "25");
         assert_eq!(a.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=10240M");
         assert_eq!(a.mounts[0].host_path, "/run/nvidia/mps/nvidia.com/gpu/pipe");
+        assert_eq!(a.mounts[1].host_path, "/run/nvidia/mps/shm");
+        assert_eq!(a.mounts[1].container_path, "/dev/shm");
         let e = r.allocate(&ids(&["GPU-a::0", "GPU-a::1"])).unwrap_err();
         assert_eq!(
             e,
@@ -414,6 +447,40 @@ mod tests {
         let mut allowed = r.clone();
         allowed.fail_requests_greater_than_one = Some(false);
         assert!(allowed.allocate(&ids(&["GPU-a::0", "GPU-a::1"])).is_ok());
+    }
+
+    #[test]
+    fn mps_on_mig_devices_reaches_each_devices_own_daemon() {
+        let resource = "nvidia.com/mig-3g.40gb";
+        let root = Path::new("/run/nvidia/mps");
+        let mut r = ResourceDevices::empty(resource);
+        for uuid in ["MIG-a", "MIG-b"] {
+            let client = MpsClient::new(
+                root,
+                &mig_daemon_name(resource, uuid),
+                Some(50),
+                Some(10048),
+            );
+            r.devices.extend(entries(uuid, 0, 4, Some(client)));
+        }
+        let a = r.allocate(&ids(&["MIG-b::2"])).unwrap();
+        assert_eq!(a.envs["NVIDIA_VISIBLE_DEVICES"], "MIG-b");
+        assert_eq!(
+            a.envs["CUDA_MPS_PIPE_DIRECTORY"],
+            "/mps/nvidia.com/mig-3g.40gb/MIG-b/pipe"
+        );
+        assert_eq!(
+            a.mounts[0].host_path,
+            "/run/nvidia/mps/nvidia.com/mig-3g.40gb/MIG-b/pipe"
+        );
+        assert_eq!(a.mounts[1].container_path, "/dev/shm");
+        assert_eq!(a.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "50");
+        assert_eq!(a.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=10048M");
+        // Two replicas of one MIG device share its daemon; two MIG devices can't.
+        r.fail_requests_greater_than_one = Some(false);
+        assert!(r.allocate(&ids(&["MIG-a::0", "MIG-a::1"])).is_ok());
+        let e = r.allocate(&ids(&["MIG-a::0", "MIG-b::0"])).unwrap_err();
+        assert!(e.contains("spans 2 MIG devices"), "{e}");
     }
 
     #[test]

@@ -145,15 +145,25 @@ fn mode_summary(mode: &PlannedMode) -> String {
         PlannedMode::Mig {
             instances,
             replicas,
+            mps,
         } => {
             let list: Vec<String> = instances
                 .iter()
                 .map(|(p, n)| format!("{n} × {p}"))
                 .collect();
-            let shared = if *replicas > 1 {
-                format!(", each time-sliced × {replicas}")
-            } else {
-                String::new()
+            let shared = match mps {
+                Some(m) => {
+                    let mut s = format!(", each with its own MPS daemon × {replicas}");
+                    if let Some(p) = m.active_thread_percentage {
+                        let _ = write!(s, ", {p}% threads");
+                    }
+                    for (profile, mib) in &m.pinned_memory_limit_mib {
+                        let _ = write!(s, ", {mib} MiB pinned per {profile} client");
+                    }
+                    s
+                }
+                None if *replicas > 1 => format!(", each time-sliced × {replicas}"),
+                None => String::new(),
             };
             format!("MIG {}{shared}", list.join(" + "))
         }

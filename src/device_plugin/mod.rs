@@ -123,6 +123,9 @@ fn replicated(
         .collect())
 }
 
+/// The NVIDIA plugin's refusal of MPS where MIG is on (nvidia-stack.md §1.4, §1.7).
+const MPS_ON_MIG: &str = "the NVIDIA device plugin refuses MPS on a node with MIG devices (\"sharing using MPS is not supported for MIG devices\")";
+
 /// What the rules alone show the NVIDIA plugin cannot express (before any node is known).
 pub fn check_profile(name: &str, profile: &Profile) -> Vec<Problem> {
     let modes: Vec<(usize, &Rule, Mode)> = profile
@@ -138,12 +141,16 @@ pub fn check_profile(name: &str, profile: &Profile) -> Vec<Problem> {
     for (i, rule, mode) in &modes {
         let refuse = |message: String| Problem::error(name, message).in_rule(*i, rule);
         match mode {
-            Mode::Mps(_) if has_mig => problems.push(refuse(
-                "the NVIDIA device plugin refuses MPS on a node with MIG devices (\"sharing using MPS is not supported for MIG devices\"; with the mixed strategy: \"using --mig-strategy=mixed is not supported with MPS\")".into(),
+            Mode::Mps(_) if has_mig => problems.push(refuse(format!(
+                "{MPS_ON_MIG}; with the mixed strategy: \"using --mig-strategy=mixed is not supported with MPS\" (gpu-share's built-in plugin can: --plugin builtin)"
+            ))),
+            Mode::Mig { mps: Some(_), .. } => problems.push(refuse(
+                format!("{MPS_ON_MIG}: run it with gpu-share's built-in plugin (--plugin builtin), which starts one MPS control daemon per MIG device"),
             )),
             Mode::Mig {
                 instances,
                 time_slicing,
+                mps: None,
             } => {
                 let replicas = timeslice::replicas(*time_slicing);
                 for profile_name in mig_counts(instances).keys() {

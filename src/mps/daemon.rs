@@ -8,7 +8,12 @@
 //! <root>/.ready                every wanted daemon runs
 //! ```
 //!
-//! e.g. `/run/nvidia/mps/nvidia.com/gpu/pipe`. The daemon sees its GPUs through
+//! e.g. `/run/nvidia/mps/nvidia.com/gpu/pipe`. MPS inside MIG devices needs one daemon per MIG
+//! device (MIG User Guide), each in `<root>/<resource>/<MIG UUID>/`, e.g.
+//! `/run/nvidia/mps/nvidia.com/mig-3g.40gb/MIG-…/pipe`; a daemon's "resource" below is this
+//! directory name. `<root>/shm` is the tmpfs daemons and clients share as `/dev/shm`.
+//!
+//! The daemon sees its GPUs through
 //! `CUDA_VISIBLE_DEVICES` (their UUIDs), so a device index in a control command is the GPU's
 //! position in that list. Limits are set as the daemon's defaults (`set_default_*`), which only
 //! reach servers spawned later: changing them means restarting the daemon. What was applied is
@@ -42,6 +47,8 @@ pub const DEFAULT_ROOT: &str = "/run/nvidia/mps";
 pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 /// What the plugin sends to check a daemon, and what reads back the thread percentage.
 pub const HEALTH_COMMAND: &str = "get_default_active_thread_percentage";
+/// `<root>/shm`: the tmpfs mounted as `/dev/shm` for the daemons and their clients.
+pub const SHM_DIR: &str = "shm";
 const STARTED: &str = ".started";
 const READY: &str = ".ready";
 const APPLIED: &str = ".gpu-share-mps.json";
@@ -235,13 +242,82 @@ pub enum MpsError {
     },
 }
 
+/// The daemon directory of MIG device `uuid` advertised as `resource`.
+pub fn mig_daemon_name(resource: &str, uuid: &str) -> String {
+    format!("{resource}/{uuid}")
+}
+
 /// One daemon per resource name that MPS GPUs are advertised under, with the GPUs in NVML
-/// order. Fails when GPUs of one resource want different active thread percentages: a daemon
-/// has one default. Pinned memory limits are per GPU, so they may differ.
+/// order, and one per MIG device shared through MPS. Fails when GPUs of one resource want
+/// different active thread percentages: a daemon has one default. Pinned memory limits are per
+/// GPU, so they may differ.
 pub fn specs_from_plan(
     plan: &NodePlan,
     observed: &ObservedNode,
 ) -> Result<Vec<DaemonSpec>, MpsError> {
+    let mut specs = whole_gpu_specs(plan, observed)?;
+    specs.extend(mig_device_specs(plan, observed)?);
+    Ok(specs)
+}
+
+/// A daemon for each MIG device of a GPU whose plan shares its MIG devices through MPS, seeing
+/// only that device (`CUDA_VISIBLE_DEVICES=<MIG UUID>`, so its device index is 0).
+fn mig_device_specs(plan: &NodePlan, observed: &ObservedNode) -> Result<Vec<DaemonSpec>, MpsError> {
+    let mut specs = Vec::new();
+    for gpu in &plan.gpus {
+        let PlannedMode::Mig {
+            replicas,
+            mps: Some(mps),
+            ..
+        } = &gpu.mode
+        else {
+            continue;
+        };
+        let Some(seen) = observed.gpus.iter().find(|o| o.index == gpu.index) else {
+            continue;
+        };
+        for device in seen.mig_devices() {
+            let resource = crate::plan::mig_resource(
+                device.profile,
+                plan.mig_strategy,
+                renamed(gpu),
+                *replicas,
+            );
+            let Some(uuid) = device.uuid else {
+                return Err(MpsError::Spec {
+                    resource,
+                    message: format!(
+                        "the {} MIG device (GPU {}, GPU instance {}, compute instance {}) has no UUID, which its MPS daemon's CUDA_VISIBLE_DEVICES needs",
+                        device.profile, gpu.index, device.gi_id, device.ci_id
+                    ),
+                });
+            };
+            specs.push(DaemonSpec {
+                resource: mig_daemon_name(&resource, uuid),
+                gpus: vec![MpsGpu {
+                    nvml_index: gpu.index,
+                    uuid: Some(uuid.to_string()),
+                    index_in_daemon: 0,
+                    pinned_memory_limit_mib: mps
+                        .pinned_memory_limit_mib
+                        .get(device.profile)
+                        .copied(),
+                }],
+                active_thread_percentage: mps.active_thread_percentage,
+            });
+        }
+    }
+    Ok(specs)
+}
+
+/// Whether `gpu`'s shared devices are advertised renamed (`renameByDefault`, `….shared`): read
+/// back from the resource names the planner gave them.
+fn renamed(gpu: &GpuPlan) -> bool {
+    gpu.resources.keys().any(|r| r.ends_with(".shared"))
+}
+
+/// The daemons for whole GPUs: one per resource name.
+fn whole_gpu_specs(plan: &NodePlan, observed: &ObservedNode) -> Result<Vec<DaemonSpec>, MpsError> {
     /// The MPS settings of a GPU planned for MPS.
     fn mps(gpu: &GpuPlan) -> Option<(Option<u32>, Option<u64>)> {
         match gpu.mode {
@@ -929,7 +1005,7 @@ fn discover(root: &Path) -> io::Result<Vec<String>> {
             }
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            if name.starts_with('.') || (depth == 0 && name == "shm") {
+            if name.starts_with('.') || (depth == 0 && name == SHM_DIR) {
                 continue;
             }
             let path = entry.path();
@@ -1171,6 +1247,86 @@ mod tests {
         let profile = parse_profile("test", yaml).expect("profile parses");
         let plan = plan("test", &profile, node).expect("plan");
         specs_from_plan(&plan, node)
+    }
+
+    /// GPU 0 of an H100 node with two 3g.40gb MIG devices, as NVML shows it after the apply.
+    fn node_with_mig_devices() -> ObservedNode {
+        use crate::gpu::ObservedComputeInstance;
+        use crate::mig::{ExistingInstance, Placement};
+        let mut node = node(true);
+        let gpu = &mut node.gpus[0];
+        gpu.mig = Some(crate::plan::MigMode {
+            current: true,
+            pending: true,
+        });
+        for (gi, start) in [(1, 0), (2, 4)] {
+            gpu.instances.push(ExistingInstance {
+                profile: "3g.40gb".into(),
+                placement: Placement { start, size: 4 },
+                gi_id: Some(gi),
+            });
+            gpu.compute_instances.push(ObservedComputeInstance {
+                gi_id: gi,
+                ci_id: 0,
+                profile_id: 2,
+                uuid: Some(format!("MIG-{gi:08x}")),
+            });
+        }
+        node
+    }
+
+    #[test]
+    fn one_daemon_per_mig_device_shared_through_mps() {
+        let node = node_with_mig_devices();
+        let profile = parse_profile(
+            "test",
+            "version: v1\nrules:\n  - devices: [0]\n    mig: {3g.40gb: 2}\n    mps: {replicas: 4, activeThreadPercentage: 50, pinnedMemoryLimit: auto}\n  - devices: [1]\n    mps: {replicas: 2}\n",
+        )
+        .unwrap();
+        let plan = crate::plan::plan_for(
+            "test",
+            &profile,
+            &node,
+            crate::builtin_plugin::PluginKind::Builtin,
+        )
+        .expect("plan");
+        let specs = specs_from_plan(&plan, &node).unwrap();
+        let names: Vec<&str> = specs.iter().map(|s| s.resource.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "nvidia.com/gpu",
+                "nvidia.com/mig-3g.40gb/MIG-00000001",
+                "nvidia.com/mig-3g.40gb/MIG-00000002"
+            ]
+        );
+        let mig_memory = crate::mig::catalog()
+            .model_by_product(&node.gpus[0].product)
+            .and_then(|m| m.profile("3g.40gb"))
+            .and_then(|p| p.memory_mib)
+            .unwrap();
+        for spec in &specs[1..] {
+            assert_eq!(spec.gpus.len(), 1);
+            assert_eq!(spec.gpus[0].nvml_index, 0);
+            assert_eq!(spec.active_thread_percentage, Some(50));
+            let uuid = spec.resource.rsplit('/').next().unwrap();
+            assert_eq!(spec.visible_devices(), (uuid.to_string(), false));
+            assert_eq!(
+                spec.commands(),
+                [
+                    format!("set_default_device_pinned_mem_limit 0 {}M", mig_memory / 4),
+                    "set_default_active_thread_percentage 50".to_string()
+                ]
+            );
+            assert!(check_spec(&MpsSettings::default(), spec).is_ok());
+        }
+        // The whole-GPU daemon only sees GPU 1.
+        assert_eq!(specs[0].visible_devices(), ("GPU-00000001".into(), false));
+
+        let mut no_uuid = node.clone();
+        no_uuid.gpus[0].compute_instances[1].uuid = None;
+        let err = specs_from_plan(&plan, &no_uuid).unwrap_err().to_string();
+        assert!(err.contains("has no UUID"), "{err}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! how its limits are derived.
 
 pub mod daemon;
+pub mod shm;
 
 use crate::plan::PlannedMode;
 use crate::profile::Mps;
@@ -11,6 +12,34 @@ use crate::profile::Mps;
 /// older GPUs); NVIDIA's MPS daemon refuses more replicas ("invalid device maximum allowed
 /// replicas exceeded").
 pub const MAX_REPLICAS: i64 = 48;
+
+/// The most MPS clients one MIG device takes. The MIG User Guide: "CUDA MPS is supported on top
+/// of MIG. The only limitation is that the maximum number of clients (48) is lowered
+/// proportionally to the Compute Instance size." It gives no table, so we read it as
+/// 48 × the instance's compute slices / the GPU's, rounded down: 6 clients on an H100 `1g.10gb`
+/// (1 of 7 slices), 20 on a `3g.40gb`, 48 on a `7g.80gb`, 12 on an A30 `1g.6gb` (1 of 4).
+pub fn max_clients_on_mig(instance_compute_slices: u32, gpu_compute_slices: u32) -> i64 {
+    if gpu_compute_slices == 0 {
+        return MAX_REPLICAS;
+    }
+    MAX_REPLICAS * i64::from(instance_compute_slices.min(gpu_compute_slices))
+        / i64::from(gpu_compute_slices)
+}
+
+/// Why `replicas` MPS clients are too many for a MIG device of `profile` on `model`, if they are.
+pub fn too_many_clients_on_mig(
+    replicas: i64,
+    profile: &crate::mig::catalog::GpuInstanceProfile,
+    model: &crate::mig::GpuModel,
+) -> Option<String> {
+    let max = max_clients_on_mig(profile.slice_count, model.compute_slices);
+    (replicas > max).then(|| {
+        format!(
+            "mps.replicas is {replicas}, but an MPS server on a {} MIG device of {} takes at most {max} clients (48 lowered in proportion to its {} of {} compute slices, MIG User Guide)",
+            profile.name, model.nvml_name, profile.slice_count, model.compute_slices
+        )
+    })
+}
 
 /// A pinned device-memory limit per client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,8 +86,8 @@ impl PinnedMemoryLimit {
     }
 }
 
-/// This mode's entries in the device plugin's `sharing.mps.resources`: MPS only shares whole
-/// GPUs (the NVIDIA plugin refuses MIG devices), advertised as `nvidia.com/gpu`.
+/// This mode's entries in the device plugin's `sharing.mps.resources`: the NVIDIA plugin's MPS
+/// only shares whole GPUs (it refuses MIG devices), advertised as `nvidia.com/gpu`.
 pub fn plugin_resources(mode: &PlannedMode) -> Vec<(String, u64)> {
     match mode {
         PlannedMode::Mps { replicas, .. } => {
@@ -126,6 +155,23 @@ mod tests {
         assert!(parse_pinned_memory_limit("8GB").is_err());
         assert!(parse_pinned_memory_limit("0Gi").is_err());
         assert_eq!(PinnedMemoryLimit::Auto.per_client_mib(81559, 4), 20389);
+    }
+
+    #[test]
+    fn clients_on_mig_shrink_with_the_compute_instance() {
+        assert_eq!(max_clients_on_mig(1, 7), 6);
+        assert_eq!(max_clients_on_mig(2, 7), 13);
+        assert_eq!(max_clients_on_mig(3, 7), 20);
+        assert_eq!(max_clients_on_mig(4, 7), 27);
+        assert_eq!(max_clients_on_mig(7, 7), 48);
+        assert_eq!(max_clients_on_mig(1, 4), 12);
+        assert_eq!(max_clients_on_mig(2, 4), 24);
+        let model = crate::mig::catalog().model("h100").unwrap();
+        let one = model.profile("1g.10gb").unwrap();
+        assert!(too_many_clients_on_mig(6, one, model).is_none());
+        let why = too_many_clients_on_mig(7, one, model).unwrap();
+        assert!(why.contains("at most 6 clients"), "{why}");
+        assert!(why.contains("1 of 7 compute slices"), "{why}");
     }
 
     #[test]

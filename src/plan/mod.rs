@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-pub use observed::{MigMode, ObservedGpu, ObservedNode};
+pub use observed::{MigDevice, MigMode, ObservedGpu, ObservedNode};
 pub use steps::{steps, Step};
 
 use crate::builtin_plugin::PluginKind;
@@ -16,7 +16,7 @@ use crate::device_plugin::{self, PluginConfig};
 use crate::mig::{self, catalog, Geometry, GpuModel};
 use crate::mps::{parse_pinned_memory_limit, PinnedMemoryLimit};
 use crate::profile::{
-    mig_counts, mig_strategy, validate_for, MigStrategy, Mode, Problem, Profile, Rule, RuleRef,
+    mig_counts, mig_strategy, validate_for, MigStrategy, Mode, Mps, Problem, Profile, Rule, RuleRef,
 };
 use crate::timeslice;
 
@@ -97,9 +97,25 @@ pub enum PlannedMode {
     },
     Mig {
         instances: BTreeMap<String, u32>,
-        /// Time-slicing replicas of each MIG device (1: not shared).
+        /// Replicas of each MIG device, time-sliced or MPS clients (1: not shared).
         replicas: u64,
+        /// Set when the MIG devices are shared through MPS rather than time-sliced.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        mps: Option<MigMps>,
     },
+}
+
+/// MPS inside MIG devices: one control daemon per MIG device (MIG User Guide), with these
+/// defaults for its clients.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigMps {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub active_thread_percentage: Option<u32>,
+    /// Pinned device memory per client, by MIG profile (`auto`: the profile's memory divided by
+    /// the replicas).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub pinned_memory_limit_mib: BTreeMap<String, u64>,
 }
 
 /// Plan `profile` (named `name`) for `node`. Any error in the profile, or a rule the node's
@@ -226,22 +242,20 @@ fn plan_gpu(
     if let Mode::Mig {
         instances,
         time_slicing,
+        mps,
     } = mode
     {
         let wanted = mig_counts(instances);
-        let replicas = timeslice::replicas(time_slicing);
+        let replicas = match mps {
+            Some(m) => m.replicas as u64,
+            None => timeslice::replicas(time_slicing),
+        };
         let (model, geometry) = plan_mig(gpu, &wanted)?;
+        let mps = mps.map(|m| plan_mig_mps(m, model, &wanted)).transpose()?;
         for instance in geometry.target() {
-            let resource = match strategy {
-                MigStrategy::Single => "nvidia.com/gpu".to_string(),
-                _ => model
-                    .profile(&instance.profile)
-                    .map(|p| p.resource_name())
-                    .expect("the solver only places the model's profiles"),
-            };
             *plan
                 .resources
-                .entry(shared_name(&resource, rename, replicas))
+                .entry(mig_resource(&instance.profile, strategy, rename, replicas))
                 .or_insert(0) += replicas;
         }
         plan.mig_mode = gpu
@@ -252,6 +266,7 @@ fn plan_gpu(
         plan.mode = PlannedMode::Mig {
             instances: wanted,
             replicas,
+            mps,
         };
         return Ok(plan);
     }
@@ -274,21 +289,7 @@ fn plan_gpu(
         }
         Mode::Mps(mps) => {
             let replicas = mps.replicas as u64;
-            let limit = mps
-                .pinned_memory_limit
-                .as_deref()
-                .map(parse_pinned_memory_limit)
-                .transpose()?;
-            let pinned = match (limit, gpu.memory_mib) {
-                (Some(PinnedMemoryLimit::Auto), None) => {
-                    return Err(
-                        "mps.pinnedMemoryLimit is auto, but this GPU's memory size is unknown"
-                            .into(),
-                    )
-                }
-                (Some(l), mem) => Some(l.per_client_mib(mem.unwrap_or(0), replicas)),
-                (None, _) => None,
-            };
+            let pinned = pinned_per_client(mps, gpu.memory_mib, "this GPU's")?;
             plan.mode = PlannedMode::Mps {
                 replicas,
                 active_thread_percentage: mps.active_thread_percentage.map(|p| p as u32),
@@ -301,6 +302,55 @@ fn plan_gpu(
     plan.resources
         .insert(shared_name("nvidia.com/gpu", rename, replicas), replicas);
     Ok(plan)
+}
+
+/// The pinned device memory per MPS client of a device with `memory_mib` (`whose` names it in
+/// the error when `auto` meets an unknown size).
+fn pinned_per_client(
+    mps: &Mps,
+    memory_mib: Option<u64>,
+    whose: &str,
+) -> Result<Option<u64>, String> {
+    let limit = mps
+        .pinned_memory_limit
+        .as_deref()
+        .map(parse_pinned_memory_limit)
+        .transpose()?;
+    match (limit, memory_mib) {
+        (Some(PinnedMemoryLimit::Auto), None) => Err(format!(
+            "mps.pinnedMemoryLimit is auto, but {whose} memory size is unknown"
+        )),
+        (Some(l), mem) => Ok(Some(
+            l.per_client_mib(mem.unwrap_or(0), mps.replicas as u64),
+        )),
+        (None, _) => Ok(None),
+    }
+}
+
+/// MPS inside the MIG devices of `model`: the client limit of each wanted profile (exact for
+/// this model), and the pinned memory per client from each profile's memory.
+fn plan_mig_mps(
+    mps: &Mps,
+    model: &GpuModel,
+    wanted: &BTreeMap<String, u32>,
+) -> Result<MigMps, String> {
+    let mut pinned = BTreeMap::new();
+    for name in wanted.keys() {
+        let profile = model
+            .profile(name)
+            .expect("plan_mig only places the model's profiles");
+        if let Some(why) = crate::mps::too_many_clients_on_mig(mps.replicas, profile, model) {
+            return Err(why);
+        }
+        let whose = format!("the {name} MIG profile's");
+        if let Some(mib) = pinned_per_client(mps, profile.memory_mib, &whose)? {
+            pinned.insert(name.clone(), mib);
+        }
+    }
+    Ok(MigMps {
+        active_thread_percentage: mps.active_thread_percentage.map(|p| p as u32),
+        pinned_memory_limit_mib: pinned,
+    })
 }
 
 /// The GPU's catalog model and its MIG geometry, keeping what can stay.
@@ -324,6 +374,16 @@ fn plan_mig(
     };
     let geometry = mig::solve(model, wanted, existing).map_err(|e| e.to_string())?;
     Ok((model, geometry))
+}
+
+/// The resource a MIG device of `profile` is advertised under: `nvidia.com/mig-<profile>`, or
+/// `nvidia.com/gpu` under the single strategy, `.shared` when renamed.
+pub fn mig_resource(profile: &str, strategy: MigStrategy, rename: bool, replicas: u64) -> String {
+    let base = match strategy {
+        MigStrategy::Single => timeslice::GPU_RESOURCE.to_string(),
+        _ => catalog::resource_name(profile),
+    };
+    shared_name(&base, rename, replicas)
 }
 
 /// Shared devices get the `.shared` suffix when the profile asks for `renameByDefault`, as the

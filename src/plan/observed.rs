@@ -43,6 +43,17 @@ pub struct ObservedGpu {
     pub processes: Vec<GpuProcess>,
 }
 
+/// A MIG device as NVML shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigDevice<'a> {
+    /// Its GPU instance's profile, e.g. `1g.10gb`.
+    pub profile: &'a str,
+    /// `MIG-…`, what `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` name.
+    pub uuid: Option<&'a str>,
+    pub gi_id: u32,
+    pub ci_id: u32,
+}
+
 /// MIG mode now and after the next GPU reset (they differ while a change is pending).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -66,6 +77,26 @@ impl ObservedGpu {
             compute_instances: Vec::new(),
             processes: Vec::new(),
         }
+    }
+
+    /// The MIG devices (compute instances) with their GPU instance's profile, in GI/CI id
+    /// order: the order the device plugins advertise them in.
+    pub fn mig_devices(&self) -> Vec<MigDevice<'_>> {
+        let mut devices: Vec<MigDevice<'_>> = self
+            .compute_instances
+            .iter()
+            .filter_map(|ci| {
+                let gi = self.instances.iter().find(|i| i.gi_id == Some(ci.gi_id))?;
+                Some(MigDevice {
+                    profile: &gi.profile,
+                    uuid: ci.uuid.as_deref(),
+                    gi_id: ci.gi_id,
+                    ci_id: ci.ci_id,
+                })
+            })
+            .collect();
+        devices.sort_by_key(|d| (d.gi_id, d.ci_id));
+        devices
     }
 
     /// `GPU 3 (NVIDIA H100 80GB HBM3)`, for messages.

@@ -24,10 +24,12 @@ pub enum Mode<'a> {
     Exclusive,
     TimeSlicing(&'a TimeSlicing),
     Mps(&'a Mps),
-    /// MIG instances, optionally each time-sliced.
+    /// MIG instances, optionally each shared: time-sliced, or through one MPS control daemon
+    /// per MIG device (built-in plugin only).
     Mig {
         instances: &'a BTreeMap<String, i64>,
         time_slicing: Option<&'a TimeSlicing>,
+        mps: Option<&'a Mps>,
     },
 }
 
@@ -44,17 +46,20 @@ impl Mode<'_> {
 }
 
 impl Rule {
-    /// The rule's single mode, or why it has none or too many. `timeSlicing` may accompany
-    /// `mig`: it then time-slices each MIG device.
+    /// The rule's single mode, or why it has none or too many. `timeSlicing` or `mps` may
+    /// accompany `mig`: it then shares each MIG device.
     pub fn mode(&self) -> Result<Mode<'_>, String> {
         let mut set = Vec::new();
         if self.exclusive.is_some() {
             set.push("exclusive");
         }
-        if self.time_slicing.is_some() && self.mig.is_none() {
+        // Beside mig, one of timeSlicing or mps shares the MIG devices; both is two modes.
+        let shares_mig_twice =
+            self.mig.is_some() && self.time_slicing.is_some() && self.mps.is_some();
+        if self.time_slicing.is_some() && (self.mig.is_none() || shares_mig_twice) {
             set.push("timeSlicing");
         }
-        if self.mps.is_some() {
+        if self.mps.is_some() && (self.mig.is_none() || shares_mig_twice) {
             set.push("mps");
         }
         if self.mig.is_some() {
@@ -69,7 +74,7 @@ impl Rule {
             [_] => {}
             many => {
                 return Err(format!(
-                    "the rule sets {}; a rule gives exactly one mode (timeSlicing may only accompany mig, to time-slice its MIG devices)",
+                    "the rule sets {}; a rule gives exactly one mode (timeSlicing or mps may only accompany mig, to share its MIG devices, and not both)",
                     many.join(" and ")
                 ))
             }
@@ -84,6 +89,7 @@ impl Rule {
             Mode::Mig {
                 instances,
                 time_slicing: self.time_slicing.as_ref(),
+                mps: self.mps.as_ref(),
             }
         } else if let Some(ts) = &self.time_slicing {
             Mode::TimeSlicing(ts)

@@ -63,9 +63,14 @@ fn validate_rule(name: &str, index: usize, rule: &Rule) -> Vec<Problem> {
         Mode::Mig {
             instances,
             time_slicing,
+            mps,
         } => {
             let mut messages = time_slicing.map(timeslice::validate).unwrap_or_default();
+            messages.extend(mps.map(mps::validate).unwrap_or_default());
             messages.extend(mig_counts_problems(instances));
+            if let Some(m) = mps {
+                problems.extend(mps_clients_on_mig(name, index, rule, m.replicas, instances));
+            }
             problems.extend(messages.drain(..).map(at));
             if problems.is_empty() {
                 problems.extend(
@@ -87,6 +92,39 @@ fn validate_rule(name: &str, index: usize, rule: &Rule) -> Vec<Problem> {
         }
     };
     problems.extend(messages.into_iter().map(at));
+    problems
+}
+
+/// MPS clients per MIG device, checked against every catalog model with the profile: an error
+/// when no model's instance of that profile takes that many, a warning naming the models that
+/// can't when only some can (`plan` checks the node's own model).
+fn mps_clients_on_mig(
+    name: &str,
+    index: usize,
+    rule: &Rule,
+    replicas: i64,
+    instances: &std::collections::BTreeMap<String, i64>,
+) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for profile_name in instances.keys() {
+        let (fit, refusals): (Vec<_>, Vec<_>) = catalog()
+            .models
+            .iter()
+            .filter_map(|model| model.profile(profile_name).map(|p| (model, p)))
+            .partition(|(model, p)| mps::too_many_clients_on_mig(replicas, p, model).is_none());
+        for (model, p) in &refusals {
+            let why = mps::too_many_clients_on_mig(replicas, p, model).expect("partitioned");
+            if fit.is_empty() {
+                problems.push(Problem::error(name, why).in_rule(index, rule));
+                break;
+            }
+            problems.push(
+                Problem::warning(name, why)
+                    .in_rule(index, rule)
+                    .on_gpu(model.nvml_name.clone()),
+            );
+        }
+    }
     problems
 }
 

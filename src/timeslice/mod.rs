@@ -39,6 +39,7 @@ pub fn plugin_resources(mode: &PlannedMode, strategy: MigStrategy) -> Vec<(Strin
         PlannedMode::Mig {
             instances,
             replicas,
+            mps: None,
         } if *replicas > 1 => instances
             .keys()
             .map(|p| match strategy {
