@@ -95,7 +95,8 @@ pub struct Rule {
     /// device instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_slicing: Option<TimeSlicing>,
-    /// CUDA MPS: `replicas` clients share each GPU through one control daemon.
+    /// CUDA MPS: `replicas` clients share each GPU through one control daemon. Beside `mig`
+    /// (built-in plugin only), each MIG device gets its own daemon and `replicas` clients.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps: Option<Mps>,
     /// MIG: the GPU-instance profiles to create on each selected GPU, name → count.
