@@ -51,6 +51,15 @@ impl Node {
         self.gpu_share(&["apply", "--profile", profile], &[])
     }
 
+    /// `apply -o json` with `extra` arguments; the report, after checking it succeeded.
+    fn apply_report(&self, profile: &str, extra: &[&str]) -> serde_json::Value {
+        let mut args = vec!["apply", "--profile", profile, "-o", "json"];
+        args.extend(extra);
+        let out = self.gpu_share(&args, &[]);
+        assert!(out.status.success(), "apply {profile}: {}", text(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
     fn apply_ok(&self, profile: &str) -> String {
         let out = self.apply(profile);
         assert!(out.status.success(), "apply {profile}: {}", text(&out));
@@ -260,12 +269,7 @@ fn every_example_profile_applies_on_every_model_it_fits_and_twice_changes_nothin
 #[test]
 fn mps_daemons_start_with_the_profile_and_stop_when_it_changes() {
     let node = Node::new(gpus("h100", 2, false));
-    let out = node.gpu_share(
-        &["apply", "--profile", "profiles/h100-mps.yaml", "-o", "json"],
-        &[],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = node.apply_report("profiles/h100-mps.yaml", &[]);
     assert_eq!(
         report["mps"]["started"],
         serde_json::json!(["nvidia.com/gpu"])
@@ -277,18 +281,7 @@ fn mps_daemons_start_with_the_profile_and_stop_when_it_changes() {
         "NVIDIA's wait compares sharing.mps: {ready}"
     );
 
-    let out = node.gpu_share(
-        &[
-            "apply",
-            "--profile",
-            "profiles/exclusive.yaml",
-            "-o",
-            "json",
-        ],
-        &[],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = node.apply_report("profiles/exclusive.yaml", &[]);
     assert_eq!(
         report["mps"]["stopped"],
         serde_json::json!(["nvidia.com/gpu"])
@@ -300,20 +293,8 @@ fn mps_daemons_start_with_the_profile_and_stop_when_it_changes() {
 fn mps_inside_mig_devices_gets_one_daemon_per_device() {
     let node = Node::new(gpus("h100", 2, false));
     let profile = "profiles/builtin/h100-mps-in-mig.yaml";
-    let out = node.gpu_share(
-        &[
-            "apply",
-            "--plugin",
-            "builtin",
-            "--profile",
-            profile,
-            "-o",
-            "json",
-        ],
-        &[],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let builtin = ["--plugin", "builtin"];
+    let report = node.apply_report(profile, &builtin);
     let status: serde_json::Value = serde_json::from_str(&node.status_json()).unwrap();
     let mut mig_uuids: Vec<String> = status["gpus"]
         .as_array()
@@ -339,7 +320,7 @@ fn mps_inside_mig_devices_gets_one_daemon_per_device() {
     let mps = node.state_dir.join("mps");
     assert_eq!(pid_files(&mps).len(), 4);
     // Each daemon sees only its MIG device and got the per-client defaults (the fake logs its
-    // CUDA_VISIBLE_DEVICES and every command it received).
+    // CUDA_VISIBLE_DEVICES and every command it received). 40448 MiB: the catalog's H100 3g.40gb.
     for uuid in &mig_uuids {
         let log = std::fs::read_to_string(
             mps.join("nvidia.com/mig-3g.40gb")
@@ -364,33 +345,10 @@ fn mps_inside_mig_devices_gets_one_daemon_per_device() {
         );
     }
     // A second apply changes nothing; back to exclusive quits every daemon.
-    let again = node.gpu_share(
-        &[
-            "apply",
-            "--plugin",
-            "builtin",
-            "--profile",
-            profile,
-            "-o",
-            "json",
-        ],
-        &[],
-    );
-    let again: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    let again = node.apply_report(profile, &builtin);
     assert_eq!(again["mps"]["unchanged"].as_array().unwrap().len(), 4);
     assert!(again["mps"]["started"].as_array().unwrap().is_empty());
-    let out = node.gpu_share(
-        &[
-            "apply",
-            "--profile",
-            "profiles/exclusive.yaml",
-            "-o",
-            "json",
-        ],
-        &[],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = node.apply_report("profiles/exclusive.yaml", &[]);
     assert_eq!(report["mps"]["stopped"].as_array().unwrap().len(), 4);
     assert!(pid_files(&mps).is_empty());
 }

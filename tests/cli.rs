@@ -249,10 +249,21 @@ fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-/// The examples under profiles/builtin/, for `--plugin builtin`, and the node each is written for.
-const BUILTIN_EXAMPLES: &[(&str, &str)] = &[
-    ("profiles/builtin/h100-mixed-sharing.yaml", "h100x6"),
-    ("profiles/builtin/h100-mps-in-mig.yaml", "h100x2"),
+/// The examples under profiles/builtin/, for `--plugin builtin`: the node each is written for
+/// and the resources it advertises there.
+const BUILTIN_EXAMPLES: &[(&str, &str, &[(&str, u64)])] = &[
+    (
+        "profiles/builtin/h100-mixed-sharing.yaml",
+        "h100x6",
+        // 2 time-sliced × 4 + 2 MPS × 8; 2 GPUs × 7 MIG devices.
+        &[("nvidia.com/gpu", 24), ("nvidia.com/mig-1g.10gb", 14)],
+    ),
+    (
+        "profiles/builtin/h100-mps-in-mig.yaml",
+        "h100x2",
+        // 2 GPUs × 2 MIG devices × 4 MPS clients.
+        &[("nvidia.com/mig-3g.40gb", 16)],
+    ),
 ];
 
 #[test]
@@ -269,14 +280,14 @@ fn builtin_examples_validate_for_the_builtin_plugin_only_and_plan() {
     on_disk.sort();
     let mut listed: Vec<String> = BUILTIN_EXAMPLES
         .iter()
-        .map(|(p, _)| p.to_string())
+        .map(|(p, _, _)| p.to_string())
         .collect();
     listed.sort();
     assert_eq!(
         on_disk, listed,
         "add new builtin examples to BUILTIN_EXAMPLES"
     );
-    for (file, gpus) in BUILTIN_EXAMPLES {
+    for (file, gpus, resources) in BUILTIN_EXAMPLES {
         let nvidia = gpu_share(&["validate", file]);
         assert_eq!(nvidia.status.code(), Some(1), "{file}: {}", stdout(&nvidia));
         assert!(
@@ -298,6 +309,20 @@ fn builtin_examples_validate_for_the_builtin_plugin_only_and_plan() {
             "json",
         ]);
         assert!(plan.status.success(), "{file}: {}", stdout(&plan));
+        let plan = json(&plan);
+        let advertised: Vec<(String, u64)> = plan["resources"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_u64().unwrap()))
+            .collect();
+        let expected: Vec<(String, u64)> =
+            resources.iter().map(|(r, n)| (r.to_string(), *n)).collect();
+        assert_eq!(advertised, expected, "{file}");
+        assert!(
+            plan.get("devicePluginConfig").is_none(),
+            "{file}: no NVIDIA config for builtin"
+        );
     }
 }
 
