@@ -149,10 +149,15 @@ impl Agent {
 }
 
 fn start_agent(dir: &Path, api: &KubeDouble) -> Agent {
+    start_agent_with(dir, api, &[])
+}
+
+fn start_agent_with(dir: &Path, api: &KubeDouble, extra: &[&str]) -> Agent {
     api.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
     let log = dir.join("agent.log");
     let child = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
         .args(["agent", "--plugin", "builtin"])
+        .args(extra)
         .args(["--plugin-health-ms", "200", "--kubelet-poll-ms", "100"])
         .args(["--lease-duration-secs", "2"])
         .arg("--device-plugin-dir")
@@ -479,4 +484,194 @@ fn the_builtin_example_validates_for_builtin_only_and_plans_its_counts() {
         plan.get("devicePluginConfig").is_none(),
         "no NVIDIA config for builtin"
     );
+}
+
+/// A small node for the tests below: GPU 0 in MIG mode (seven 1g.10gb), GPU 1 whole and not
+/// shared, GPU 2 time-sliced four ways; `nvidia.com/gpu` and the MIG resource registered.
+const SMALL_PROFILE: &str = "version: v1
+plugin:
+  migStrategy: mixed
+rules:
+  - devices: [0]
+    mig: {1g.10gb: 7}
+  - devices: [1]
+    exclusive: true
+  - devices: [2]
+    timeSlicing: {replicas: 4}
+";
+
+/// Fields drop in order: the agent first, the temp dir last.
+struct SmallNode {
+    agent: Agent,
+    dp: PathBuf,
+    nvml: PathBuf,
+    _kubelet_server: tokio::sync::oneshot::Sender<()>,
+    _api: Arc<KubeDouble>,
+    _dir: tempfile::TempDir,
+}
+
+/// Start the agent (with `extra` flags) on [`SMALL_PROFILE`] and wait for its two registrations.
+async fn small_node(extra: &[&str]) -> SmallNode {
+    let dir = tempfile::tempdir().unwrap();
+    let dp = dir.path().join("device-plugins");
+    std::fs::create_dir_all(&dp).unwrap();
+    std::fs::create_dir_all(dir.path().join("proc")).unwrap();
+    let gpus = (0..3).map(|i| {
+        let g = Gpu::mig("h100");
+        if i == 0 {
+            g.mig_enabled()
+        } else {
+            g
+        }
+    });
+    let nvml = dir.path().join("nvml.json");
+    State::with_gpus(gpus).write_to(&nvml).unwrap();
+    let api = Arc::new(KubeDouble::start());
+    api.put_configmap(fixtures::configmap(NS, CM, &[("small", SMALL_PROFILE)]));
+    api.put_node(fixtures::node("gpu-1", &[]));
+    let kubelet = FakeKubelet::default();
+    let kubelet_server = kubelet.serve(&dp);
+    let agent = start_agent_with(dir.path(), &api, extra);
+    api.set_node_label("gpu-1", PROFILE_LABEL, Some("small"));
+    wait_for("two registrations", Duration::from_secs(60), || {
+        kubelet.registrations().len() >= 2
+    })
+    .await;
+    let resources: Vec<String> = kubelet
+        .registrations()
+        .iter()
+        .map(|r| r.resource_name.clone())
+        .collect();
+    assert!(
+        resources.contains(&GPU.to_string()) && resources.contains(&MIG.to_string()),
+        "{resources:?}\n{}",
+        agent.log()
+    );
+    SmallNode {
+        agent,
+        dp,
+        nvml,
+        _kubelet_server: kubelet_server,
+        _api: api,
+        _dir: dir,
+    }
+}
+
+#[test]
+fn cdi_cri_names_gpus_replicas_and_mig_devices_by_uuid() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let node = small_node(&["--device-list-strategy", "cdi-cri"]).await;
+        let state = State::read_from(&node.nvml).unwrap();
+        let uuid = |i: usize| state.gpus[i].uuid.clone();
+        let mut gpu_plugin = plugin(node.dp.join("nvidia-gpu.sock")).await;
+        let mut mig_plugin = plugin(node.dp.join("nvidia-mig-1g.10gb.sock")).await;
+        let mut stream = gpu_plugin
+            .list_and_watch(Empty {})
+            .await
+            .unwrap()
+            .into_inner();
+        let ids: Vec<String> = next_list(&mut stream)
+            .await
+            .devices
+            .into_iter()
+            .map(|d| d.id)
+            .collect();
+        assert!(ids.contains(&uuid(1)), "{ids:?}");
+        let cdi = |r: &gpu_share::builtin_plugin::api::ContainerAllocateResponse| {
+            r.cdi_devices
+                .iter()
+                .map(|d| d.name.clone())
+                .collect::<Vec<_>>()
+        };
+
+        // A whole GPU → its UUID under the nvidia-ctk kind; no NVIDIA_VISIBLE_DEVICES.
+        let whole = gpu_plugin
+            .allocate(allocate_one(&[&uuid(1)]))
+            .await
+            .unwrap()
+            .into_inner();
+        let c = &whole.container_responses[0];
+        assert_eq!(cdi(c), [format!("nvidia.com/gpu={}", uuid(1))]);
+        assert!(c.envs.is_empty(), "{:?}", c.envs);
+        assert!(c.annotations.is_empty());
+
+        // Two replicas of one GPU → the GPU once.
+        let replicas = gpu_plugin
+            .allocate(allocate_one(&[
+                &format!("{}::1", uuid(2)),
+                &format!("{}::3", uuid(2)),
+            ]))
+            .await
+            .unwrap()
+            .into_inner();
+        let c = &replicas.container_responses[0];
+        assert_eq!(cdi(c), [format!("nvidia.com/gpu={}", uuid(2))]);
+        assert!(!c.envs.contains_key("NVIDIA_VISIBLE_DEVICES"));
+
+        // A MIG device → its MIG UUID.
+        let mig_uuid = State::read_from(&node.nvml).unwrap().gpus[0].gpu_instances[2]
+            .compute_instances[0]
+            .uuid
+            .clone();
+        assert!(mig_uuid.starts_with("MIG-"), "{mig_uuid}");
+        let m = mig_plugin
+            .allocate(allocate_one(&[&mig_uuid]))
+            .await
+            .unwrap()
+            .into_inner();
+        let c = &m.container_responses[0];
+        assert_eq!(cdi(c), [format!("nvidia.com/gpu={mig_uuid}")]);
+        assert!(!c.envs.contains_key("NVIDIA_VISIBLE_DEVICES"));
+        drop(node);
+    });
+}
+
+#[test]
+fn sigterm_removes_only_the_agents_sockets_and_exits_zero() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut node = small_node(&[]).await;
+        // Another plugin's live socket and a plain file: not the agent's to remove.
+        let foreign_socket = node.dp.join("other-vendor.sock");
+        let _foreign = std::os::unix::net::UnixListener::bind(&foreign_socket).unwrap();
+        let foreign_file = node.dp.join("notes.txt");
+        std::fs::write(&foreign_file, "keep").unwrap();
+        let ours = [
+            node.dp.join("nvidia-gpu.sock"),
+            node.dp.join("nvidia-mig-1g.10gb.sock"),
+        ];
+        for s in &ours {
+            assert!(s.exists(), "{}", s.display());
+        }
+
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(node.agent.child.id()).unwrap());
+        let sent = Instant::now();
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let status = loop {
+            if let Some(status) = node.agent.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                sent.elapsed() < Duration::from_secs(10),
+                "the agent still runs 10 s after SIGTERM\n{}",
+                node.agent.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let took = sent.elapsed();
+        assert!(status.success(), "{status:?}\n{}", node.agent.log());
+        for s in &ours {
+            assert!(!s.exists(), "{} is left behind", s.display());
+        }
+        assert!(node.dp.join("kubelet.sock").exists());
+        assert!(foreign_socket.exists());
+        assert_eq!(std::fs::read_to_string(&foreign_file).unwrap(), "keep");
+        assert!(
+            node.agent.log().contains("sockets removed"),
+            "{}",
+            node.agent.log()
+        );
+        eprintln!("SIGTERM to exit: {took:?}");
+    });
 }

@@ -129,6 +129,26 @@ pub struct AgentArgs {
     /// builtin: how often kubelet.sock is checked for a kubelet restart, in milliseconds.
     #[arg(long, default_value_t = 1000, hide = true)]
     pub kubelet_poll_ms: u64,
+    /// builtin: how Allocate names the devices, comma-separated as NVIDIA's plugin takes it:
+    /// `envvar` (NVIDIA_VISIBLE_DEVICES), `cdi-cri` (CDI names in the CRI field), `cdi-annotations`.
+    #[arg(
+        long,
+        env = "GPU_SHARE_DEVICE_LIST_STRATEGY",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "envvar"
+    )]
+    pub device_list_strategy: Vec<crate::builtin_plugin::DeviceListStrategy>,
+    /// builtin: the CDI kind of the device names (`<kind>=<uuid>`); the default is the kind
+    /// `nvidia-ctk cdi generate` writes.
+    #[arg(long, env = "GPU_SHARE_CDI_KIND", default_value = crate::builtin_plugin::cdi::DEFAULT_KIND,
+          value_parser = crate::builtin_plugin::cdi::parse_kind)]
+    pub cdi_kind: String,
+    /// builtin: the key prefix of the `cdi-annotations` annotation.
+    #[arg(long, env = "GPU_SHARE_CDI_ANNOTATION_PREFIX",
+          default_value = crate::builtin_plugin::cdi::DEFAULT_ANNOTATION_PREFIX,
+          value_parser = crate::builtin_plugin::cdi::parse_annotation_prefix)]
+    pub cdi_annotation_prefix: String,
 }
 
 /// How the device plugin picks up a new config.
@@ -202,6 +222,12 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             instance: Some(args.node_name.clone()),
         },
     );
+    let device_listing = crate::builtin_plugin::DeviceListing::new(
+        &args.device_list_strategy,
+        &args.cdi_kind,
+        &args.cdi_annotation_prefix,
+    )
+    .map_err(anyhow::Error::msg)?;
     let reconciler = Reconciler {
         client: client.clone(),
         eviction_client,
@@ -234,6 +260,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                 nvml_lib: args.nvml_lib.clone(),
                 health_interval: Duration::from_millis(args.plugin_health_ms),
                 kubelet_poll: Duration::from_millis(args.kubelet_poll_ms),
+                device_listing,
             })
         }),
     };
@@ -248,12 +275,14 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
 
     let loop_ = reconcile_loop(&args, &reconciler, node_rx, cm_rx, &health, doctor_ok);
     tokio::select! {
-        () = loop_ => Ok(()),
-        () = shutdown_signal() => {
-            info!("shutting down");
-            Ok(())
-        }
+        () = loop_ => {}
+        () = shutdown_signal() => info!("shutting down"),
     }
+    // The built-in plugin's sockets go with the agent, so the kubelet does not dial a dead one.
+    if let Some(plugins) = &reconciler.plugins {
+        plugins.shutdown().await;
+    }
+    Ok(())
 }
 
 /// The driver and NVML layers of `gpu-share doctor`, reported as an Event and in /readyz.

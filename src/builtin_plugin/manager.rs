@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Mutex};
 use tracing::{info, warn};
 
+use super::cdi::DeviceListing;
 use super::inventory::{Inventory, ResourceDevices};
 use super::server::{register, Endpoint, KUBELET_SOCKET};
 use super::socket_name;
@@ -32,6 +33,8 @@ pub struct ManagerSettings {
     /// How often `kubelet.sock` is checked for a kubelet restart (and failed registrations
     /// retried).
     pub kubelet_poll: Duration,
+    /// How Allocate names the devices: `NVIDIA_VISIBLE_DEVICES` and/or CDI.
+    pub device_listing: DeviceListing,
 }
 
 /// Handle to the running manager; cheap to clone.
@@ -115,6 +118,23 @@ impl PluginManager {
         self.serve_and_register(&mut state, kubelet, false).await;
     }
 
+    /// Stop serving (agent shutdown): every endpoint stops and its socket file is removed, as the
+    /// NVIDIA plugin does on SIGTERM. Only the sockets this manager created go; `kubelet.sock`
+    /// and other plugins' sockets stay. Nothing is advertised afterwards.
+    pub async fn shutdown(&self) {
+        let mut state = self.state.lock().await;
+        let endpoints: Vec<Endpoint> = std::mem::take(&mut state.resources)
+            .into_values()
+            .filter_map(|s| s.endpoint)
+            .collect();
+        let count = endpoints.len();
+        futures::future::join_all(endpoints.into_iter().map(Endpoint::stop)).await;
+        info!(
+            endpoints = count,
+            "device-plugin endpoints stopped, sockets removed"
+        );
+    }
+
     /// Devices currently advertised per resource (for logs and tests).
     pub async fn counts(&self) -> BTreeMap<String, usize> {
         let state = self.state.lock().await;
@@ -142,7 +162,8 @@ impl PluginManager {
                 served.registered = false;
             }
             if served.endpoint.is_none() {
-                match Endpoint::start(&socket, served.devices.subscribe()) {
+                let listing = Arc::new(self.settings.device_listing.clone());
+                match Endpoint::start(&socket, served.devices.subscribe(), listing) {
                     Ok(e) => served.endpoint = Some(e),
                     Err(e) => {
                         warn!(resource, socket = %socket.display(), error = %e, "cannot serve the device-plugin endpoint");

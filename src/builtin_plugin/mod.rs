@@ -9,11 +9,14 @@
 //! - [`inventory`] (pure): from the applied plan and the GPUs NVML shows, the devices of every
 //!   advertised resource (`<uuid>` or `<uuid>::<n>` replica IDs), health, and what `Allocate`
 //!   and `GetPreferredAllocation` answer.
+//! - [`cdi`] (pure): how `Allocate` names the devices to the runtime, `--device-list-strategy`
+//!   as NVIDIA's (`envvar`, `cdi-cri`, `cdi-annotations`), CDI names `nvidia.com/gpu=<uuid>`.
 //! - [`server`]: one `DevicePlugin` endpoint per resource, socket named as NVIDIA's
 //!   (`nvidia-gpu.sock`, `nvidia-mig-1g.10gb.sock`).
 //! - [`manager`]: registers the endpoints with the kubelet, registers again when `kubelet.sock`
 //!   is recreated (kubelet restart), re-advertises when the agent applies a new profile, and
-//!   marks devices Unhealthy when NVML stops listing them.
+//!   marks devices Unhealthy when NVML stops listing them; on agent shutdown stops the
+//!   endpoints and removes their sockets.
 //!
 //! What the driver must support: MPS needs `nvidia-cuda-mps-control` from the driver's compute
 //! utilities (`gpu-share doctor --profile` checks it); each MPS resource gets one daemon whose
@@ -23,6 +26,7 @@
 //! minimum driver for it could not be sourced (CUDA 11.4 / R470 is commonly cited, unverified).
 
 pub mod api;
+pub mod cdi;
 pub mod inventory;
 pub mod manager;
 pub mod server;
@@ -33,6 +37,7 @@ use serde::Serialize;
 
 use crate::profile::{Mode, Problem, Profile, Rule};
 
+pub use cdi::{DeviceListStrategy, DeviceListing};
 pub use inventory::{DeviceEntry, Inventory, MpsClient, ResourceDevices};
 pub use manager::{ManagerSettings, PluginManager};
 

@@ -18,6 +18,7 @@ use tracing::{debug, warn};
 use super::api::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use super::api::registration_client::RegistrationClient;
 use super::api::{self, Empty};
+use super::cdi::DeviceListing;
 use super::inventory::ResourceDevices;
 
 /// The kubelet's registration socket, in the device-plugins directory.
@@ -35,6 +36,8 @@ pub fn options() -> api::DevicePluginOptions {
 /// The service behind one resource's socket.
 struct ResourcePlugin {
     devices: watch::Receiver<Arc<ResourceDevices>>,
+    /// How Allocate names the devices (`NVIDIA_VISIBLE_DEVICES`, CDI).
+    listing: Arc<DeviceListing>,
     /// Flips to true when the endpoint stops: open ListAndWatch streams end with it.
     stopped: watch::Receiver<bool>,
 }
@@ -99,7 +102,12 @@ impl DevicePlugin for ResourcePlugin {
             .into_inner()
             .container_requests
             .iter()
-            .map(|c| devices.allocate(&c.devices_ids))
+            .map(|c| {
+                let mut response = devices.allocate(&c.devices_ids)?;
+                self.listing
+                    .apply(&c.devices_ids, &response_id(), &mut response);
+                Ok(response)
+            })
             .collect::<Result<Vec<_>, String>>()
             .map_err(|e| {
                 warn!(resource = %devices.resource, error = %e, "allocation refused");
@@ -130,6 +138,7 @@ impl Endpoint {
     pub fn start(
         socket: &Path,
         devices: watch::Receiver<Arc<ResourceDevices>>,
+        listing: Arc<DeviceListing>,
     ) -> std::io::Result<Endpoint> {
         match std::fs::remove_file(socket) {
             Ok(()) => {}
@@ -140,6 +149,7 @@ impl Endpoint {
         let (stop, stopped) = watch::channel(false);
         let service = ResourcePlugin {
             devices,
+            listing,
             stopped: stopped.clone(),
         };
         let mut shutdown = stopped;
@@ -177,6 +187,27 @@ impl Endpoint {
     }
 }
 
+/// A random ID for a CDI annotation key, formatted as a UUID as the NVIDIA plugin's are: 128 bits
+/// from the standard library's randomly keyed hasher (seeded by the OS per process).
+fn response_id() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let hi = RandomState::new().hash_one(n);
+    let lo = RandomState::new().hash_one(n);
+    let bits = (u128::from(hi) << 64) | u128::from(lo);
+    let hex = format!("{bits:032x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
 /// `Register` `resource` (served on `endpoint`, a file name in `dir`) with the kubelet at
 /// `dir/kubelet.sock`.
 pub async fn register(dir: &Path, endpoint: &str, resource: &str) -> Result<(), String> {
@@ -207,4 +238,21 @@ pub async fn register(dir: &Path, endpoint: &str, resource: &str) -> Result<(), 
         .map_err(|_| "the kubelet did not answer the registration within 10 s".to_string())?;
     debug!(resource, endpoint, "registered with the kubelet");
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn response_ids_look_like_uuids_and_differ() {
+        let a = response_id();
+        let b = response_id();
+        assert_ne!(a, b);
+        let parts: Vec<usize> = a.split('-').map(str::len).collect();
+        assert_eq!(parts, [8, 4, 4, 4, 12], "{a}");
+        assert!(a.chars().all(|c| c == '-' || c.is_ascii_hexdigit()));
+        // The CDI annotation key's name part (`nvidia-device-plugin_<id>`) fits in 63 bytes.
+        assert!("nvidia-device-plugin_".len() + a.len() <= 63);
+    }
 }

@@ -1,0 +1,321 @@
+//! How an `Allocate` answer names its devices to the container runtime: the
+//! `NVIDIA_VISIBLE_DEVICES` variable (the NVIDIA container runtime's legacy mode) and/or CDI
+//! device names, the NVIDIA plugin's `deviceListStrategy` (shared/reference/nvidia-stack.md §1.1).
+//! Pure: [`DeviceListing::apply`] rewrites the response [`ResourceDevices::allocate`] built.
+//!
+//! What the NVIDIA plugin does (k8s-device-plugin `internal/plugin/server.go`,
+//! `getAllocateResponse` and `updateResponseForCDI`), and so what this does:
+//!
+//! - the devices are the request's IDs with the replica suffix (`::<n>`) stripped, each once;
+//! - `cdi-annotations`: one annotation `<prefix>nvidia-device-plugin_<response id>` whose value is
+//!   the CDI names joined by commas (the CDI library's `UpdateAnnotations` key and value);
+//! - `cdi-cri`: the CDI names in the response's `cdi_devices` (kubelet 1.28+, containerd 1.7+,
+//!   CRI-O 1.24+ pass them to the runtime);
+//! - when only CDI strategies are chosen, no `NVIDIA_VISIBLE_DEVICES` (the early return for
+//!   `AllCDIEnabled`); the MPS settings stay either way.
+//!
+//! The CDI names: NVIDIA's plugin names devices `k8s.device-plugin.nvidia.com/gpu=<UUID>` and
+//! writes that spec itself (vendor set in its `plugin-manager.go`, spec generated through
+//! nvcdi with the UUID namer). gpu-share does not generate specs; it names the devices of the
+//! spec a stock `nvidia-ctk cdi generate` writes: kind `nvidia.com/gpu` (the command's default
+//! vendor and class), device names by UUID (the command's default `--device-name-strategy` is
+//! `index` and `uuid`; older toolkits default to `index` alone and need
+//! `--device-name-strategy=uuid`). GPU and MIG devices alike are named by their UUID
+//! (`GPU-…`, `MIG-…`). `--cdi-kind` names another kind, e.g. the NVIDIA plugin's.
+//!
+//! [`ResourceDevices::allocate`]: super::inventory::ResourceDevices::allocate
+
+use std::collections::BTreeSet;
+
+use super::api;
+
+/// The kind (`vendor/class`) of the devices in `nvidia-ctk cdi generate`'s default spec.
+pub const DEFAULT_KIND: &str = "nvidia.com/gpu";
+/// The CDI annotation prefix container runtimes read (the NVIDIA plugin's default).
+pub const DEFAULT_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
+/// The plugin part of the annotation key, as the NVIDIA plugin writes it.
+const ANNOTATION_PLUGIN: &str = "nvidia-device-plugin";
+const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+
+/// One way of telling the runtime which devices a container gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
+pub enum DeviceListStrategy {
+    /// `NVIDIA_VISIBLE_DEVICES` with the UUIDs (NVIDIA container runtime or hook).
+    Envvar,
+    /// CDI device names in the Allocate response's `cdi_devices` field.
+    CdiCri,
+    /// CDI device names in a `cdi.k8s.io/` container annotation.
+    CdiAnnotations,
+}
+
+/// The chosen strategies, the CDI kind and the annotation prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceListing {
+    strategies: BTreeSet<DeviceListStrategy>,
+    kind: String,
+    annotation_prefix: String,
+}
+
+impl Default for DeviceListing {
+    /// `envvar` alone: what the plugin answered before CDI (and the NVIDIA plugin's default).
+    fn default() -> Self {
+        DeviceListing {
+            strategies: BTreeSet::from([DeviceListStrategy::Envvar]),
+            kind: DEFAULT_KIND.into(),
+            annotation_prefix: DEFAULT_ANNOTATION_PREFIX.into(),
+        }
+    }
+}
+
+impl DeviceListing {
+    /// Checked: at least one strategy, a `vendor/class` kind as the CDI spec defines them, and
+    /// an annotation prefix ending in `/`.
+    pub fn new(
+        strategies: &[DeviceListStrategy],
+        kind: &str,
+        annotation_prefix: &str,
+    ) -> Result<Self, String> {
+        if strategies.is_empty() {
+            return Err("no device list strategy given (envvar, cdi-cri, cdi-annotations)".into());
+        }
+        check_kind(kind)?;
+        check_annotation_prefix(annotation_prefix)?;
+        Ok(DeviceListing {
+            strategies: strategies.iter().copied().collect(),
+            kind: kind.into(),
+            annotation_prefix: annotation_prefix.into(),
+        })
+    }
+
+    pub fn includes(&self, strategy: DeviceListStrategy) -> bool {
+        self.strategies.contains(&strategy)
+    }
+
+    /// The fully qualified CDI name of a GPU or MIG device: `<kind>=<uuid>`.
+    pub fn device_name(&self, uuid: &str) -> String {
+        format!("{}={uuid}", self.kind)
+    }
+
+    /// Rewrite one container's allocation for the chosen strategies. `request_ids` are the
+    /// kubelet's device IDs (`<uuid>` or `<uuid>::<n>`); `response_id` makes the annotation key
+    /// unique among the container's allocations (the NVIDIA plugin uses a random UUID).
+    pub fn apply(
+        &self,
+        request_ids: &[String],
+        response_id: &str,
+        response: &mut api::ContainerAllocateResponse,
+    ) {
+        let names: Vec<String> = unique_devices(request_ids)
+            .into_iter()
+            .map(|uuid| self.device_name(uuid))
+            .collect();
+        if !names.is_empty() {
+            if self.includes(DeviceListStrategy::CdiAnnotations) {
+                response.annotations.insert(
+                    format!(
+                        "{}{ANNOTATION_PLUGIN}_{response_id}",
+                        self.annotation_prefix
+                    ),
+                    names.join(","),
+                );
+            }
+            if self.includes(DeviceListStrategy::CdiCri) {
+                response.cdi_devices.extend(
+                    names
+                        .iter()
+                        .map(|name| api::CdiDevice { name: name.clone() }),
+                );
+            }
+        }
+        if !self.includes(DeviceListStrategy::Envvar) {
+            response.envs.remove(VISIBLE_DEVICES);
+        }
+    }
+}
+
+/// The devices behind kubelet IDs: the replica suffix stripped, each device once, in order.
+fn unique_devices(ids: &[String]) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for id in ids {
+        let device = id.split_once("::").map_or(id.as_str(), |(d, _)| d);
+        if !out.contains(&device) {
+            out.push(device);
+        }
+    }
+    out
+}
+
+/// For clap: a checked `--cdi-kind`.
+pub fn parse_kind(kind: &str) -> Result<String, String> {
+    check_kind(kind).map(|()| kind.to_string())
+}
+
+/// For clap: a checked `--cdi-annotation-prefix`.
+pub fn parse_annotation_prefix(prefix: &str) -> Result<String, String> {
+    check_annotation_prefix(prefix).map(|()| prefix.to_string())
+}
+
+fn check_annotation_prefix(prefix: &str) -> Result<(), String> {
+    if prefix.len() < 2 || !prefix.ends_with('/') {
+        return Err(format!(
+            "CDI annotation prefix {prefix:?} must end with '/' (like {DEFAULT_ANNOTATION_PREFIX:?})"
+        ));
+    }
+    Ok(())
+}
+
+/// A CDI kind, `vendor/class`: the vendor of letters, digits, `-`, `_` and `.`, the class of
+/// letters, digits, `-` and `_`, each starting and ending with a letter or digit (the CDI
+/// parser's `ValidateVendorName` and `ValidateClassName`).
+pub fn check_kind(kind: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("invalid CDI kind {kind:?}: {why}"));
+    let Some((vendor, class)) = kind.split_once('/') else {
+        return bad("expected vendor/class, e.g. nvidia.com/gpu");
+    };
+    let ok = |part: &str, extra: &[char]| {
+        let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+        edge(part.chars().next())
+            && edge(part.chars().last())
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || extra.contains(&c))
+    };
+    if !ok(vendor, &['-', '_', '.']) {
+        return bad("the vendor may hold letters, digits, '-', '_' and '.', and starts and ends with a letter or digit");
+    }
+    if !ok(class, &['-', '_']) {
+        return bad("the class may hold letters, digits, '-' and '_', and starts and ends with a letter or digit");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use DeviceListStrategy::{CdiAnnotations, CdiCri, Envvar};
+
+    /// What `ResourceDevices::allocate` answers for an MPS replica.
+    fn allocated(uuids: &str) -> api::ContainerAllocateResponse {
+        let mut r = api::ContainerAllocateResponse::default();
+        r.envs.insert(VISIBLE_DEVICES.into(), uuids.into());
+        r.envs
+            .insert("CUDA_MPS_PIPE_DIRECTORY".into(), "/mps/x/pipe".into());
+        r.mounts.push(api::Mount {
+            container_path: "/mps/x/pipe".into(),
+            host_path: "/run/nvidia/mps/x/pipe".into(),
+            read_only: false,
+        });
+        r
+    }
+
+    fn ids(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn cdi_names(r: &api::ContainerAllocateResponse) -> Vec<&str> {
+        r.cdi_devices.iter().map(|d| d.name.as_str()).collect()
+    }
+
+    #[test]
+    fn envvar_alone_leaves_the_response_as_it_was() {
+        let listing = DeviceListing::default();
+        let mut r = allocated("GPU-a");
+        listing.apply(&ids(&["GPU-a::3"]), "id", &mut r);
+        assert_eq!(r, allocated("GPU-a"));
+    }
+
+    #[test]
+    fn cdi_cri_names_each_device_once_and_drops_the_envvar() {
+        let listing =
+            DeviceListing::new(&[CdiCri], DEFAULT_KIND, DEFAULT_ANNOTATION_PREFIX).unwrap();
+        let mut r = allocated("GPU-a,MIG-b");
+        listing.apply(&ids(&["GPU-a::0", "GPU-a::1", "MIG-b"]), "id", &mut r);
+        assert_eq!(
+            cdi_names(&r),
+            ["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=MIG-b"]
+        );
+        assert!(!r.envs.contains_key(VISIBLE_DEVICES));
+        assert!(r.annotations.is_empty());
+        // MPS settings are kept, as the NVIDIA plugin keeps them.
+        assert_eq!(r.envs["CUDA_MPS_PIPE_DIRECTORY"], "/mps/x/pipe");
+        assert_eq!(r.mounts.len(), 1);
+    }
+
+    #[test]
+    fn cdi_annotations_use_nvidias_key_and_a_custom_prefix() {
+        let listing =
+            DeviceListing::new(&[CdiAnnotations], DEFAULT_KIND, DEFAULT_ANNOTATION_PREFIX).unwrap();
+        let mut r = allocated("GPU-a,GPU-b");
+        listing.apply(&ids(&["GPU-a", "GPU-b"]), "1234", &mut r);
+        assert_eq!(r.annotations.len(), 1);
+        assert_eq!(
+            r.annotations["cdi.k8s.io/nvidia-device-plugin_1234"],
+            "nvidia.com/gpu=GPU-a,nvidia.com/gpu=GPU-b"
+        );
+        assert!(r.cdi_devices.is_empty());
+        assert!(!r.envs.contains_key(VISIBLE_DEVICES));
+
+        let custom = DeviceListing::new(
+            &[CdiAnnotations],
+            "k8s.device-plugin.nvidia.com/gpu",
+            "custom.cdi.k8s.io/",
+        )
+        .unwrap();
+        let mut r = allocated("GPU-a");
+        custom.apply(&ids(&["GPU-a"]), "1234", &mut r);
+        assert_eq!(
+            r.annotations["custom.cdi.k8s.io/nvidia-device-plugin_1234"],
+            "k8s.device-plugin.nvidia.com/gpu=GPU-a"
+        );
+    }
+
+    #[test]
+    fn envvar_beside_cdi_keeps_the_envvar() {
+        let listing = DeviceListing::new(
+            &[Envvar, CdiCri, CdiAnnotations, CdiCri],
+            DEFAULT_KIND,
+            DEFAULT_ANNOTATION_PREFIX,
+        )
+        .unwrap();
+        let mut r = allocated("GPU-a");
+        listing.apply(&ids(&["GPU-a::2"]), "x", &mut r);
+        assert_eq!(r.envs[VISIBLE_DEVICES], "GPU-a");
+        assert_eq!(cdi_names(&r), ["nvidia.com/gpu=GPU-a"]);
+        assert_eq!(r.annotations.len(), 1);
+    }
+
+    #[test]
+    fn no_devices_no_cdi_entries() {
+        let listing =
+            DeviceListing::new(&[CdiCri, CdiAnnotations], DEFAULT_KIND, "cdi.k8s.io/").unwrap();
+        let mut r = api::ContainerAllocateResponse::default();
+        listing.apply(&[], "x", &mut r);
+        assert_eq!(r, api::ContainerAllocateResponse::default());
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        assert!(DeviceListing::new(&[], DEFAULT_KIND, "cdi.k8s.io/").is_err());
+        for kind in [
+            "nvidia.com/gpu",
+            "k8s.device-plugin.nvidia.com/gpu",
+            "management.nvidia.com/gpu",
+            "vendor_x/class-1",
+        ] {
+            assert_eq!(check_kind(kind), Ok(()), "{kind}");
+        }
+        for kind in [
+            "gpu",
+            "nvidia.com/",
+            "/gpu",
+            "nvidia.com/gpu.x",
+            "-nvidia.com/gpu",
+            "nvidia.com/gpu=",
+            "nvidia.com/a/b",
+        ] {
+            assert!(check_kind(kind).is_err(), "{kind}");
+        }
+        assert!(DeviceListing::new(&[CdiCri], DEFAULT_KIND, "cdi.k8s.io").is_err());
+        assert!(DeviceListing::new(&[CdiCri], DEFAULT_KIND, "/").is_err());
+    }
+}
