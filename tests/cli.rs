@@ -249,9 +249,12 @@ fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// Resource name → device count.
+type Advertised = &'static [(&'static str, u64)];
+
 /// The examples under profiles/builtin/, for `--plugin builtin`: the node each is written for
 /// and the resources it advertises there.
-const BUILTIN_EXAMPLES: &[(&str, &str, &[(&str, u64)])] = &[
+const BUILTIN_EXAMPLES: &[(&str, &str, Advertised)] = &[
     (
         "profiles/builtin/h100-mixed-sharing.yaml",
         "h100x6",
