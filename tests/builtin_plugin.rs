@@ -437,55 +437,6 @@ async fn scenario() {
     drop(agent);
 }
 
-fn gpu_share(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_gpu-share"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap()
-}
-
-#[test]
-fn the_builtin_example_validates_for_builtin_only_and_plans_its_counts() {
-    let file = "profiles/builtin/h100-mixed-sharing.yaml";
-    let nvidia = gpu_share(&["validate", file]);
-    assert!(
-        !nvidia.status.success(),
-        "the stock plugin cannot express it"
-    );
-    assert!(String::from_utf8_lossy(&nvidia.stdout).contains("refuses MPS on a node with MIG"));
-    let builtin = gpu_share(&["validate", "--plugin", "builtin", file]);
-    let out = String::from_utf8_lossy(&builtin.stdout);
-    assert!(builtin.status.success(), "{out}");
-    assert!(
-        out.contains("1 profile checked: 1 valid, 0 with errors"),
-        "{out}"
-    );
-    let plan = gpu_share(&[
-        "plan",
-        "--plugin",
-        "builtin",
-        "--profile",
-        file,
-        "--gpu",
-        "h100x6",
-        "-o",
-        "json",
-    ]);
-    assert!(
-        plan.status.success(),
-        "{}",
-        String::from_utf8_lossy(&plan.stdout)
-    );
-    let plan: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
-    assert_eq!(plan["resources"][GPU], 24);
-    assert_eq!(plan["resources"][MIG], 14);
-    assert!(
-        plan.get("devicePluginConfig").is_none(),
-        "no NVIDIA config for builtin"
-    );
-}
-
 /// A small node for the tests below: GPU 0 in MIG mode (seven 1g.10gb), GPU 1 whole and not
 /// shared, GPU 2 time-sliced four ways; `nvidia.com/gpu` and the MIG resource registered.
 const SMALL_PROFILE: &str = "version: v1
@@ -512,10 +463,6 @@ struct SmallNode {
 
 /// Start the agent (with `extra` flags) on [`SMALL_PROFILE`] and wait for its two registrations.
 async fn small_node(extra: &[&str]) -> SmallNode {
-    let dir = tempfile::tempdir().unwrap();
-    let dp = dir.path().join("device-plugins");
-    std::fs::create_dir_all(&dp).unwrap();
-    std::fs::create_dir_all(dir.path().join("proc")).unwrap();
     let gpus = (0..3).map(|i| {
         let g = Gpu::mig("h100");
         if i == 0 {
@@ -524,27 +471,44 @@ async fn small_node(extra: &[&str]) -> SmallNode {
             g
         }
     });
+    node_with(SMALL_PROFILE, gpus, extra, &[GPU, MIG]).await
+}
+
+/// Start the agent (with `extra` flags) on `profile` over `gpus`, and wait until each of
+/// `resources` is registered.
+async fn node_with(
+    profile: &str,
+    gpus: impl IntoIterator<Item = Gpu>,
+    extra: &[&str],
+    resources: &[&str],
+) -> SmallNode {
+    let dir = tempfile::tempdir().unwrap();
+    let dp = dir.path().join("device-plugins");
+    std::fs::create_dir_all(&dp).unwrap();
+    std::fs::create_dir_all(dir.path().join("proc")).unwrap();
     let nvml = dir.path().join("nvml.json");
     State::with_gpus(gpus).write_to(&nvml).unwrap();
     let api = Arc::new(KubeDouble::start());
-    api.put_configmap(fixtures::configmap(NS, CM, &[("small", SMALL_PROFILE)]));
+    api.put_configmap(fixtures::configmap(NS, CM, &[("small", profile)]));
     api.put_node(fixtures::node("gpu-1", &[]));
     let kubelet = FakeKubelet::default();
     let kubelet_server = kubelet.serve(&dp);
     let agent = start_agent_with(dir.path(), &api, extra);
     api.set_node_label("gpu-1", PROFILE_LABEL, Some("small"));
-    wait_for("two registrations", Duration::from_secs(60), || {
-        kubelet.registrations().len() >= 2
+    wait_for("the registrations", Duration::from_secs(60), || {
+        kubelet.registrations().len() >= resources.len()
     })
     .await;
-    let resources: Vec<String> = kubelet
+    let registered: Vec<String> = kubelet
         .registrations()
         .iter()
         .map(|r| r.resource_name.clone())
         .collect();
     assert!(
-        resources.contains(&GPU.to_string()) && resources.contains(&MIG.to_string()),
-        "{resources:?}\n{}",
+        resources
+            .iter()
+            .all(|r| registered.contains(&r.to_string())),
+        "{registered:?}\n{}",
         agent.log()
     );
     SmallNode {
@@ -673,5 +637,97 @@ fn sigterm_removes_only_the_agents_sockets_and_exits_zero() {
             node.agent.log()
         );
         eprintln!("SIGTERM to exit: {took:?}");
+    });
+}
+
+#[test]
+fn mps_inside_mig_devices_sends_each_client_to_its_devices_daemon() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        const RESOURCE: &str = "nvidia.com/mig-3g.40gb";
+        let profile = std::fs::read_to_string(format!(
+            "{}/profiles/builtin/h100-mps-in-mig.yaml",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        let node = node_with(
+            &profile,
+            [Gpu::mig("h100"), Gpu::mig("h100")],
+            &[],
+            &[RESOURCE],
+        )
+        .await;
+        let mut mig_plugin = plugin(node.dp.join("nvidia-mig-3g.40gb.sock")).await;
+        let mut stream = mig_plugin
+            .list_and_watch(Empty {})
+            .await
+            .unwrap()
+            .into_inner();
+        // 2 GPUs × 2 × 3g.40gb, each advertised as 4 MPS clients.
+        let list = list_until(&mut stream, |l| l.devices.len() == 16).await;
+        let mig_uuids: Vec<String> = State::read_from(&node.nvml)
+            .unwrap()
+            .gpus
+            .iter()
+            .flat_map(|g| g.gpu_instances.iter())
+            .flat_map(|gi| gi.compute_instances.iter().map(|ci| ci.uuid.clone()))
+            .collect();
+        assert_eq!(mig_uuids.len(), 4);
+        for uuid in &mig_uuids {
+            let replicas = list
+                .devices
+                .iter()
+                .filter(|d| d.id.starts_with(&format!("{uuid}::")))
+                .count();
+            assert_eq!(replicas, 4, "{uuid}: {list:?}");
+        }
+
+        // One client on the second MIG device: its UUID, its own daemon's pipe, /dev/shm, and
+        // the per-client limits (50% threads; 40448 MiB / 4 pinned, the catalog's H100 3g.40gb).
+        let uuid = &mig_uuids[1];
+        let response = mig_plugin
+            .allocate(allocate_one(&[&format!("{uuid}::2")]))
+            .await
+            .unwrap()
+            .into_inner();
+        let c = &response.container_responses[0];
+        assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], *uuid);
+        let pipe = format!("/mps/{RESOURCE}/{uuid}/pipe");
+        assert_eq!(c.envs["CUDA_MPS_PIPE_DIRECTORY"], pipe);
+        assert_eq!(c.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "50");
+        assert_eq!(
+            c.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"],
+            format!("0={}M", 40448 / 4)
+        );
+        let host_pipe = node
+            ._dir
+            .path()
+            .join("mps")
+            .join(RESOURCE)
+            .join(uuid)
+            .join("pipe");
+        assert_eq!(c.mounts[0].container_path, pipe);
+        assert_eq!(c.mounts[0].host_path, host_pipe.display().to_string());
+        assert_eq!(c.mounts[1].container_path, "/dev/shm");
+        // The daemon the client is sent to is running there (the fake's pid file).
+        assert!(
+            host_pipe.join("nvidia-cuda-mps-control.pid").exists(),
+            "{}",
+            node.agent.log()
+        );
+
+        // MPS replicas default to one per request, as NVIDIA's failRequestsGreaterThanOne.
+        let two = mig_plugin
+            .allocate(allocate_one(&[
+                &format!("{}::0", mig_uuids[0]),
+                &format!("{}::0", mig_uuids[1]),
+            ]))
+            .await
+            .unwrap_err();
+        assert!(
+            two.message()
+                .contains("maximum request size for shared resources is 1"),
+            "{two:?}"
+        );
     });
 }
