@@ -21,9 +21,10 @@
 //! What the driver must support: MPS needs `nvidia-cuda-mps-control` from the driver's compute
 //! utilities (`gpu-share doctor --profile` checks it); each MPS resource gets one daemon whose
 //! `CUDA_VISIBLE_DEVICES` names only its whole GPUs, so MPS on some GPUs beside MIG on others
-//! needs nothing beyond a MIG-capable driver (the catalog's `min_driver`). MPS *on* MIG devices
-//! (one daemon per MIG device, MIG User Guide) is not expressible in the profile format yet; the
-//! minimum driver for it could not be sourced (CUDA 11.4 / R470 is commonly cited, unverified).
+//! needs nothing beyond a MIG-capable driver (the catalog's `min_driver`). MPS *inside* MIG
+//! devices (`mig` with `mps` in one rule) gets one daemon per MIG device, as the MIG User Guide
+//! shows; `validate` states what that needs ([`MPS_ON_MIG_NEEDS`]): the minimum driver could not
+//! be sourced (CUDA 11.4 / R470 is commonly cited, unverified).
 
 pub mod api;
 pub mod cdi;
@@ -91,6 +92,11 @@ pub fn check_profile(name: &str, profile: &Profile) -> Vec<Problem> {
             }
         }
     }
+    for (i, rule, mode) in &modes {
+        if let Mode::Mig { mps: Some(_), .. } = mode {
+            problems.push(Problem::warning(name, MPS_ON_MIG_NEEDS).in_rule(*i, rule));
+        }
+    }
     let whole_kinds: BTreeSet<&str> = modes
         .iter()
         .filter(|(_, _, m)| !matches!(m, Mode::Mig { .. }))
@@ -107,6 +113,9 @@ pub fn check_profile(name: &str, profile: &Profile) -> Vec<Problem> {
     }
     problems
 }
+
+/// What a node must have for MPS inside MIG devices, said by `validate`.
+pub const MPS_ON_MIG_NEEDS: &str = "MPS runs inside each MIG device, one control daemon per device (MIG User Guide): the node needs a MIG-capable GPU, an nvidia-cuda-mps-control whose driver supports MPS on MIG (CUDA 11.4 / driver R470 or later is commonly cited; NVIDIA's text found gives no minimum), and compute mode left at Default (EXCLUSIVE_PROCESS is not supported in MIG mode); each device takes fewer clients than 48, in proportion to its compute slices";
 
 fn show(pct: Option<i64>) -> String {
     pct.map_or_else(|| "unset".into(), |p| p.to_string())
@@ -135,6 +144,17 @@ mod tests {
             socket_name("nvidia.com/gpu.shared"),
             "nvidia-gpu.shared.sock"
         );
+    }
+
+    #[test]
+    fn mps_inside_mig_says_what_the_node_needs() {
+        let text = "version: v1\nrules:\n  - devices: all\n    mig: {3g.40gb: 2}\n    mps: {replicas: 4}\n";
+        let profile = parse_profile("p", text).unwrap();
+        let problems = check_profile("p", &profile);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(!problems[0].is_error());
+        assert!(problems[0].message.contains("one control daemon per device"));
+        assert!(problems[0].message.contains("R470"));
     }
 
     #[test]
