@@ -716,6 +716,31 @@ fn mps_inside_mig_devices_sends_each_client_to_its_devices_daemon() {
             node.agent.log()
         );
 
+        // The daemon dies: its four clients are marked Unhealthy, the other devices stay.
+        let pid: i32 = std::fs::read_to_string(host_pipe.join("nvidia-cuda-mps-control.pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let list = list_until(&mut stream, |l| {
+            l.devices.iter().any(|d| d.health != "Healthy")
+        })
+        .await;
+        let mut unhealthy: Vec<&str> = list
+            .devices
+            .iter()
+            .filter(|d| d.health != "Healthy")
+            .map(|d| d.id.as_str())
+            .collect();
+        unhealthy.sort();
+        let expected: Vec<String> = (0..4).map(|n| format!("{uuid}::{n}")).collect();
+        assert_eq!(unhealthy, expected);
+
         // MPS replicas default to one per request, as NVIDIA's failRequestsGreaterThanOne.
         let two = mig_plugin
             .allocate(allocate_one(&[

@@ -201,11 +201,25 @@ impl ResourceDevices {
         }
     }
 
-    /// Mark devices whose UUID NVML no longer lists Unhealthy (and back). True if any changed.
-    pub fn set_health(&mut self, present: &BTreeSet<String>) -> bool {
+    /// The pipe directories of the MPS daemons this resource's devices reach.
+    pub fn mps_pipe_dirs(&self) -> BTreeSet<&Path> {
+        self.devices
+            .iter()
+            .filter_map(|d| d.mps.as_ref())
+            .map(|m| m.host_pipe_dir.as_path())
+            .collect()
+    }
+
+    /// Mark devices Unhealthy whose UUID NVML no longer lists, or whose MPS daemon (by pipe
+    /// directory) is not in `live_mps` (and back). True if any changed.
+    pub fn set_health(&mut self, present: &BTreeSet<String>, live_mps: &BTreeSet<&Path>) -> bool {
         let mut changed = false;
         for d in &mut self.devices {
-            let healthy = present.contains(&d.uuid);
+            let daemon_up = d
+                .mps
+                .as_ref()
+                .is_none_or(|m| live_mps.contains(m.host_pipe_dir.as_path()));
+            let healthy = present.contains(&d.uuid) && daemon_up;
             changed |= d.healthy != healthy;
             d.healthy = healthy;
         }
@@ -481,6 +495,28 @@ mod tests {
         assert!(r.allocate(&ids(&["MIG-a::0", "MIG-a::1"])).is_ok());
         let e = r.allocate(&ids(&["MIG-a::0", "MIG-b::0"])).unwrap_err();
         assert!(e.contains("spans 2 MIG devices"), "{e}");
+
+        // A device is healthy while NVML lists it and its own daemon runs.
+        let present: BTreeSet<String> = ["MIG-a".to_string(), "MIG-b".to_string()].into();
+        let pipes = r.mps_pipe_dirs();
+        assert_eq!(pipes.len(), 2);
+        let live: BTreeSet<&Path> = pipes
+            .iter()
+            .copied()
+            .filter(|p| p.ends_with("MIG-b/pipe"))
+            .collect();
+        let mut checked = r.clone();
+        assert!(checked.set_health(&present, &live));
+        let unhealthy: Vec<&str> = checked
+            .devices
+            .iter()
+            .filter(|d| !d.healthy)
+            .map(|d| d.uuid.as_str())
+            .collect();
+        assert_eq!(unhealthy, ["MIG-a"; 4]);
+        let all: BTreeSet<&Path> = r.mps_pipe_dirs();
+        assert!(checked.set_health(&present, &all));
+        assert!(checked.devices.iter().all(|d| d.healthy));
     }
 
     #[test]

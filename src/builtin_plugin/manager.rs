@@ -205,7 +205,8 @@ impl PluginManager {
         }
     }
 
-    /// Mark devices NVML no longer lists Unhealthy, and back when they return.
+    /// Mark devices NVML no longer lists, or whose MPS daemon is down, Unhealthy, and back when
+    /// they return.
     async fn watch_health(self) {
         let mut tick = tokio::time::interval(self.settings.health_interval);
         loop {
@@ -230,10 +231,30 @@ impl PluginManager {
                 Err(_) => continue,
             };
             let state = self.state.lock().await;
+            // MPS devices are only usable while their control daemon runs (NVIDIA's plugin
+            // waits for it before registering); the agent's reconcile restarts a dead one.
+            let pipes: Vec<PathBuf> = state
+                .resources
+                .values()
+                .flat_map(|s| {
+                    let devices = s.devices.borrow();
+                    let dirs: Vec<PathBuf> = devices
+                        .mps_pipe_dirs()
+                        .into_iter()
+                        .map(PathBuf::from)
+                        .collect();
+                    dirs
+                })
+                .collect();
+            let live: BTreeSet<&std::path::Path> = pipes
+                .iter()
+                .filter(|p| crate::mps::daemon::is_running(p))
+                .map(PathBuf::as_path)
+                .collect();
             for (resource, served) in &state.resources {
                 let changed = served.devices.send_if_modified(|devices| {
                     let mut next = (**devices).clone();
-                    let changed = next.set_health(&present);
+                    let changed = next.set_health(&present, &live);
                     if changed {
                         *devices = Arc::new(next);
                     }

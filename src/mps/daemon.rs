@@ -689,12 +689,7 @@ impl<'a> Daemon<'a> {
     }
 
     fn pid(&self) -> Option<i32> {
-        fs::read_to_string(self.pipe.join(PID_FILE))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-            .filter(|p| *p > 0)
+        read_pid(&self.pipe)
     }
 
     /// Whether `pid` still runs the control binary (and not another process that got its pid
@@ -1078,6 +1073,22 @@ fn remove_file(path: &Path) -> io::Result<()> {
 
 /// Alive: `kill(pid, 0)` finds it and it is not a zombie (a daemon that crashed after its
 /// parent, `-d`, exited is a child of whoever adopts orphans, who may never reap it).
+/// Whether a control daemon runs for the pipe directory `pipe_dir`: its pid file names a live
+/// process. Cheap enough for the device plugin's health loop: no control command is sent.
+pub fn is_running(pipe_dir: &Path) -> bool {
+    read_pid(pipe_dir).is_some_and(alive)
+}
+
+/// The pid the daemon wrote into its pipe directory.
+fn read_pid(pipe_dir: &Path) -> Option<i32> {
+    fs::read_to_string(pipe_dir.join(PID_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+        .filter(|p| *p > 0)
+}
+
 fn alive(pid: i32) -> bool {
     if pid <= 0 {
         return false;
