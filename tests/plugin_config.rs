@@ -344,3 +344,63 @@ fn plan_shows_the_difference_from_the_current_file() {
         .unwrap()
         .contains(": unchanged"));
 }
+
+#[test]
+fn a_reload_that_failed_is_retried_by_the_next_apply_until_the_plugin_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("nvml.json");
+    State::with_gpus([Gpu::mig("h100").mig_enabled()])
+        .write_to(&state)
+        .unwrap();
+    let (config, pid_file, state_dir) = (
+        dir.path().join("config.yaml"),
+        dir.path().join("plugin.pid"),
+        dir.path().join("gs"),
+    );
+    let apply = || {
+        let args = [
+            "apply",
+            "--profile",
+            "profiles/a100-80gb-single.yaml",
+            "--plugin-config",
+            config.to_str().unwrap(),
+            "--plugin-pid-file",
+            pid_file.to_str().unwrap(),
+        ];
+        gpu_share(&args, &state, &state_dir)
+    };
+    let owed = state_dir.join("device-plugin-reload-owed");
+
+    // The pid file names a plugin that is gone.
+    let gone = FakePlugin::start().pid();
+    std::fs::write(&pid_file, gone.to_string()).unwrap();
+    for run in ["first", "second (the config is already up to date)"] {
+        let out = apply();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{run} apply succeeded");
+        assert!(
+            stderr.contains(&format!("cannot signal the device plugin (PID {gone})")),
+            "{run}: {stderr}"
+        );
+        assert!(owed.exists(), "{run}: the reload is not remembered");
+    }
+    assert_eq!(
+        std::fs::read_to_string(&config).unwrap(),
+        rendered("a100-80gb-single", "h100x1")
+    );
+
+    // The plugin is back: the next apply signals it once, and the one after sends nothing.
+    let plugin = FakePlugin::start();
+    std::fs::write(&pid_file, plugin.pid().to_string()).unwrap();
+    let out = apply();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for(|| plugin.hups() == 1, "the owed reload");
+    assert!(!owed.exists());
+    assert!(apply().status.success());
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(plugin.hups(), 1, "nothing owed, nothing sent");
+}

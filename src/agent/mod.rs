@@ -109,6 +109,11 @@ pub struct AgentArgs {
     /// Re-check a matching node this often (MPS daemons, plugin config), in seconds.
     #[arg(long, default_value_t = 300)]
     pub resync_secs: u64,
+    /// Give up an API request (other than a watch) that has not answered for this many
+    /// seconds; the reconcile then fails and is retried with backoff.
+    #[arg(long, env = "GPU_SHARE_API_TIMEOUT", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub api_timeout_secs: u64,
     /// /healthz, /readyz and /metrics.
     #[arg(long, env = "GPU_SHARE_LISTEN", default_value = "0.0.0.0:9464")]
     pub listen: SocketAddr,
@@ -193,6 +198,12 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let config = kube::Config::infer()
         .await
         .context("cannot find the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    // Watches are long requests that may rightly stay silent for minutes: they get kube's
+    // defaults (no read timeout; kube-runtime's watcher has its own idle timeout). Every other
+    // request goes through a client whose reads time out, so a request the API server never
+    // answers fails like any other API error instead of stalling the reconcile loop.
+    let watch_client = kube::Client::try_from(config.clone())?;
+    let config = short_request_config(config, Duration::from_secs(args.api_timeout_secs));
     let client = kube::Client::try_from(config.clone())?;
     // kube's default client retries 429s by itself (up to 15 times): evictions refused by a
     // PodDisruptionBudget must come back to the drain loop, which owns their backoff, timeout
@@ -263,14 +274,19 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                 device_listing,
             })
         }),
+        node_write_failures: Default::default(),
     };
     let doctor_ok = start_up_checks(&args, &reconciler).await;
     release_forgotten_slot(&reconciler).await;
 
     let (node_tx, node_rx) = watch::channel(None::<Node>);
     let (cm_tx, cm_rx) = watch::channel(None::<Option<ConfigMap>>);
-    tokio::spawn(watch_node(nodes, args.node_name.clone(), node_tx));
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &args.namespace);
+    tokio::spawn(watch_node(
+        Api::all(watch_client.clone()),
+        args.node_name.clone(),
+        node_tx,
+    ));
+    let cms: Api<ConfigMap> = Api::namespaced(watch_client, &args.namespace);
     tokio::spawn(watch_configmap(cms, args.configmap.clone(), cm_tx));
 
     let loop_ = reconcile_loop(&args, &reconciler, node_rx, cm_rx, &health, doctor_ok);
@@ -283,6 +299,17 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         plugins.shutdown().await;
     }
     Ok(())
+}
+
+/// `config` with every read and write bounded by `limit`, counted from when the request is
+/// sent (not from when its pooled connection went idle). A read timeout bounds a silent server,
+/// which is how a hung request looks; kube's own retries of 429/503/504 answers stay on.
+fn short_request_config(mut config: kube::Config, limit: Duration) -> kube::Config {
+    config.read_timeout = Some(limit);
+    config.reset_reader_on_write = true;
+    config.write_timeout = Some(config.write_timeout.map_or(limit, |t| t.min(limit)));
+    config.connect_timeout = Some(config.connect_timeout.map_or(limit, |t| t.min(limit)));
+    config
 }
 
 /// The driver and NVML layers of `gpu-share doctor`, reported as an Event and in /readyz.

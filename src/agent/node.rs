@@ -125,6 +125,28 @@ pub async fn uncordon_if_ours(api: &Api<Node>, node: &str) -> kube::Result<bool>
     Ok(true)
 }
 
+/// An API error in words, with its causes: kube's own text for a request that timed out is only
+/// "client error (SendRequest)", the cause says "timed out".
+pub fn describe(e: &kube::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    let mut timed_out = false;
+    while let Some(cause) = source {
+        let part = cause.to_string();
+        if !text.contains(&part) {
+            text = format!("{text}: {part}");
+        }
+        timed_out |= cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut);
+        source = cause.source();
+    }
+    if timed_out {
+        text.push_str(" (no answer within the API timeout, --api-timeout-secs)");
+    }
+    text
+}
+
 fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
@@ -134,4 +156,22 @@ fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe;
+
+    #[test]
+    fn a_request_that_timed_out_says_so() {
+        let cause = std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out");
+        let text = describe(&kube::Error::Service(Box::new(cause)));
+        assert!(
+            text.contains("timed out") && text.contains("API timeout"),
+            "{text}"
+        );
+        let other = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let text = describe(&kube::Error::Service(Box::new(other)));
+        assert_eq!(text, "ServiceError: refused");
+    }
 }

@@ -5,9 +5,12 @@
 //! `applying` (MIG, MPS, plugin config, verify), uncordon, `success`. A plan without MIG change
 //! goes straight to applying, without cordon or eviction. Any failure: `failed` with the reason,
 //! an Event, the node uncordoned if we cordoned it, and nothing changed on the GPUs when the
-//! profile or geometry is invalid.
+//! profile or geometry is invalid. A reconcile without a MIG change also lifts a cordon of ours
+//! left behind; a Node write (state, uncordon) that fails fails the reconcile with `ApiError`,
+//! so the retry puts it right. The state dir is checked before the drain slot and the cordon.
 
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
@@ -22,7 +25,7 @@ use super::lease::{DrainSlot, DrainSlots};
 use super::metrics::Metrics;
 use super::node::{self, State};
 use super::pods::disturbed_processes;
-use crate::apply::{apply, ApplyError, ApplyOptions};
+use crate::apply::{apply, check_state_dir, ApplyError, ApplyOptions};
 use crate::builtin_plugin::{Inventory, PluginManager};
 use crate::gpu::Gpus;
 use crate::plan::{plan_for, steps, ObservedNode};
@@ -64,6 +67,10 @@ pub struct Reconciler {
     pub configmap: String,
     /// The built-in device plugin (`--plugin builtin`), told what to advertise after each apply.
     pub plugins: Option<PluginManager>,
+    /// Writes to the Node (state, uncordon) that failed during the reconcile in progress. Any
+    /// left at its end fail it with `ApiError`, so it is retried with backoff rather than
+    /// leaving a stale state or our cordon until the next resync or label change.
+    pub node_write_failures: Mutex<Vec<String>>,
 }
 
 /// How a reconcile ended.
@@ -87,7 +94,11 @@ impl Reconciler {
     /// Reconcile towards `desired`; never returns an error, only an outcome it has published.
     pub async fn reconcile(&self, desired: &Desired) -> Outcome {
         let started = Instant::now();
-        let outcome = match desired {
+        self.node_write_failures
+            .lock()
+            .expect("not poisoned")
+            .clear();
+        let mut outcome = match desired {
             Desired::Nothing => self.leave_alone().await,
             Desired::MissingKey { key } => Outcome::Failed {
                 reason: "MissingProfile",
@@ -99,6 +110,14 @@ impl Reconciler {
             },
             Desired::Profile { key, text } => self.make_match(key, text).await,
         };
+        let write_failures =
+            std::mem::take(&mut *self.node_write_failures.lock().expect("not poisoned"));
+        if !write_failures.is_empty() && !matches!(outcome, Outcome::Failed { .. }) {
+            outcome = Outcome::Failed {
+                reason: "ApiError",
+                message: format!("{}; will retry", write_failures.join("; ")),
+            };
+        }
         if let Outcome::Failed { reason, message } = &outcome {
             self.fail(reason, message).await;
         }
@@ -113,9 +132,7 @@ impl Reconciler {
 
     /// No label: uncordon a node we left cordoned and drop our state; the GPUs stay as they are.
     async fn leave_alone(&self) -> Outcome {
-        if let Err(e) = node::uncordon_if_ours(&self.nodes(), &self.node_name).await {
-            warn!(error = %e, "could not uncordon");
-        }
+        self.release_cordon(None).await;
         let nodes = self.nodes();
         if let Ok(n) = nodes.get(&self.node_name).await {
             if node::label(&n, node::STATE_LABEL).is_some() {
@@ -155,7 +172,11 @@ impl Reconciler {
                 self.publish(State::Applying, &format!("applying profile {key}"), None)
                     .await;
             }
-            self.run_apply(key, &profile).await
+            let applied = self.run_apply(key, &profile).await;
+            // Without a MIG change nothing is in progress: a cordon of ours still there (its
+            // uncordon lost to an API error) goes now.
+            self.release_cordon(current.as_ref()).await;
+            applied
         };
         match outcome {
             Ok(()) => {
@@ -190,6 +211,18 @@ impl Reconciler {
         observed: &ObservedNode,
         todo: &[crate::plan::Step],
     ) -> Result<(), Outcome> {
+        // The journal is written only once the drain is done: an unwritable state dir found
+        // then would have evicted pods for a change that cannot start.
+        let opts = self.apply.clone();
+        tokio::task::spawn_blocking(move || check_state_dir(&opts))
+            .await
+            .map_err(|e| failed("StateDirUnwritable", e))?
+            .map_err(|e| {
+                failed(
+                    "StateDirUnwritable",
+                    format!("{e}; nothing was cordoned or evicted"),
+                )
+            })?;
         self.publish(
             State::Pending,
             &format!("waiting for a drain slot to apply profile {key}"),
@@ -206,11 +239,7 @@ impl Reconciler {
             .drain_and_apply(key, profile, hash, observed, todo, &slot)
             .await;
         renewal.abort();
-        match node::uncordon_if_ours(&self.nodes(), &self.node_name).await {
-            Ok(true) => info!("node uncordoned"),
-            Ok(false) => {}
-            Err(e) => warn!(error = %e, "could not uncordon; will retry"),
-        }
+        self.release_cordon(None).await;
         slot.release().await;
         result
     }
@@ -227,7 +256,12 @@ impl Reconciler {
         let reason = format!("gpu-share: reconfiguring MIG for profile {key} ({hash:.12})");
         let cordoned = node::cordon(&self.nodes(), &self.node_name, &reason)
             .await
-            .map_err(|e| failed("ApiError", e))?;
+            .map_err(|e| {
+                failed(
+                    "ApiError",
+                    format!("could not cordon: {}", node::describe(&e)),
+                )
+            })?;
         if cordoned {
             self.event(EventType::Normal, "Cordoned", &reason).await;
         }
@@ -367,7 +401,38 @@ impl Reconciler {
         self.metrics.set_state(state.as_str());
         if let Err(e) = node::set_state(&self.nodes(), &self.node_name, state, reason, hash).await {
             warn!(error = %e, state = state.as_str(), "could not publish the state on the node");
+            self.node_write_failed(format!(
+                "could not publish state {} on the node: {}",
+                state.as_str(),
+                node::describe(&e)
+            ));
         }
+    }
+
+    /// Uncordon the node if we cordoned it (never a cordon someone else made). `known`, a
+    /// recent read of the node, saves a request when it shows no cordon of ours.
+    async fn release_cordon(&self, known: Option<&Node>) {
+        if known.is_some_and(|n| node::annotation(n, node::CORDON_ANNOTATION).is_none()) {
+            return;
+        }
+        match node::uncordon_if_ours(&self.nodes(), &self.node_name).await {
+            Ok(true) => info!("node uncordoned"),
+            Ok(false) => {}
+            Err(e) => {
+                warn!(error = %e, "could not uncordon; will retry");
+                self.node_write_failed(format!(
+                    "could not uncordon the node: {}",
+                    node::describe(&e)
+                ));
+            }
+        }
+    }
+
+    fn node_write_failed(&self, what: String) {
+        self.node_write_failures
+            .lock()
+            .expect("not poisoned")
+            .push(what);
     }
 
     async fn fail(&self, reason: &'static str, message: &str) {

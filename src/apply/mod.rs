@@ -231,6 +231,16 @@ fn publish_plugin_config(report: &mut ApplyReport, opts: &ApplyOptions) -> Resul
         return Ok(());
     };
     let text = config.to_file_text(&report.profile);
+    // A reload that is due is remembered in the state dir until the plugin has taken it: a
+    // plugin that is down when signalled (or a crash before the signal) must not be masked by
+    // the next run finding the file already up to date.
+    let owed = out.reload.is_some() && reload_owed(opts);
+    if out.reload.is_some()
+        && !owed
+        && (!report.steps.is_empty() || config_differs(&out.config_path, &text))
+    {
+        set_reload_owed(opts, true)?;
+    }
     report.plugin_config_written =
         write_if_changed(&out.config_path, &text).map_err(|source| ApplyError::PluginConfig {
             path: out.config_path.display().to_string(),
@@ -241,15 +251,57 @@ fn publish_plugin_config(report: &mut ApplyReport, opts: &ApplyOptions) -> Resul
     }
     // The plugin enumerates MIG devices when it (re)starts: a MIG change under an unchanged
     // config (same profile names, other counts) must reload it too (NVIDIA DP#992).
-    if !report.plugin_config_written && report.steps.is_empty() {
+    if !report.plugin_config_written && report.steps.is_empty() && !owed {
         return Ok(());
     }
     if let Some(target) = &out.reload {
+        if owed {
+            info!("retrying a device-plugin reload that has not succeeded yet");
+        }
         let pid = reload(target)?;
         info!(pid, "device plugin signalled to reload (SIGHUP)");
         report.plugin_reloaded = Some(pid);
+        set_reload_owed(opts, false)?;
     }
     Ok(())
+}
+
+/// In the state dir while a device-plugin reload is due and has not succeeded.
+const RELOAD_OWED: &str = "device-plugin-reload-owed";
+
+fn reload_owed(opts: &ApplyOptions) -> bool {
+    opts.state_dir.join(RELOAD_OWED).exists()
+}
+
+fn set_reload_owed(opts: &ApplyOptions, owed: bool) -> Result<(), ApplyError> {
+    let path = opts.state_dir.join(RELOAD_OWED);
+    let result = if owed {
+        std::fs::create_dir_all(&opts.state_dir).and_then(|()| {
+            std::fs::write(
+                &path,
+                "the device plugin has not reloaded its config since it last changed\n",
+            )
+        })
+    } else {
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    };
+    result.map_err(|source| journal_error(opts, source))
+}
+
+fn config_differs(path: &std::path::Path, text: &str) -> bool {
+    std::fs::read(path).map_or(true, |current| current != text.as_bytes())
+}
+
+/// Whether the state dir can hold the journal (created if missing): checked before anything
+/// irreversible that precedes the first journal write, such as the agent's drain.
+pub fn check_state_dir(opts: &ApplyOptions) -> Result<(), ApplyError> {
+    std::fs::create_dir_all(&opts.state_dir)
+        .and_then(|()| tempfile::NamedTempFile::new_in(&opts.state_dir))
+        .map(drop)
+        .map_err(|source| journal_error(opts, source))
 }
 
 /// Roll an interrupted apply forward to its profile, as recorded in the journal.
