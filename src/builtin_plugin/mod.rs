@@ -153,7 +153,9 @@ mod tests {
         let problems = check_profile("p", &profile);
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(!problems[0].is_error());
-        assert!(problems[0].message.contains("one control daemon per device"));
+        assert!(problems[0]
+            .message
+            .contains("one control daemon per device"));
         assert!(problems[0].message.contains("R470"));
     }
 
