@@ -1906,6 +1906,160 @@ fn the_daemonset_env_and_mounts_match_the_agent_flags() {
     );
 }
 
+/// The env vars `gpu-share <args> --help` lists (`[env: NAME=...]`); the args must parse.
+fn help_env_vars(args: &[String]) -> BTreeSet<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+        .args(args)
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "gpu-share {} --help: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    help.match_indices("[env: ")
+        .map(|(i, m)| help[i + m.len()..].split('=').next().unwrap().to_string())
+        .collect()
+}
+
+/// Whether this test may mount: root, with `unshare --mount` at hand (a private mount
+/// namespace, so nothing it mounts outlives the command).
+fn can_unshare_mounts() -> bool {
+    Command::new("unshare")
+        .args(["--mount", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[test]
+fn the_builtin_overlay_mounts_the_tmpfs_the_agent_and_mps_clients_share_as_dev_shm() {
+    let objects = render(&deploy().join("overlays/builtin")).objects;
+    let (_, pod) = pod_spec(&objects);
+    let agent = container(&pod, "agent");
+    let init = container(&pod, "mount-shm");
+    assert!(
+        pod.init_containers
+            .iter()
+            .flatten()
+            .any(|c| c.name == "mount-shm"),
+        "mount-shm is an init container: the tmpfs is there before the agent starts MPS"
+    );
+
+    // It runs the agent's image (one `kustomize edit set image` changes both), whose entrypoint
+    // is gpu-share; `gpu-share <args>` is a command that exists and reads the env it is given.
+    assert_eq!(init.image, agent.image);
+    assert!(init.command.is_none(), "the image's entrypoint runs");
+    let args = init.args.clone().unwrap();
+    assert_eq!(args[..2], ["mps", "mount-shm"]);
+    let reads = help_env_vars(&args);
+    for e in init.env.iter().flatten() {
+        assert!(
+            reads.contains(&e.name),
+            "{} is not an env var `gpu-share {}` reads: {reads:?}",
+            e.name,
+            args.join(" ")
+        );
+    }
+    // The MPS root is the agent's, mounted at its host path, Bidirectional (so the tmpfs appears
+    // on the host and in the agent's mounts), which Kubernetes allows only when privileged;
+    // mounting needs CAP_SYS_ADMIN anyway.
+    let root = env_value(init, "GPU_SHARE_MPS_ROOT").unwrap();
+    assert_eq!(
+        env_value(agent, "GPU_SHARE_MPS_ROOT").as_deref(),
+        Some(&*root)
+    );
+    assert_eq!(
+        host_path(&pod, init, &root),
+        Some((PathBuf::from(&root), false))
+    );
+    let mount_of = |c: &Container, at: &str| {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.mount_path == at)
+            .unwrap_or_else(|| panic!("{}: nothing mounted at {at}", c.name))
+            .clone()
+    };
+    assert_eq!(
+        mount_of(init, &root).mount_propagation.as_deref(),
+        Some("Bidirectional")
+    );
+    assert_eq!(
+        init.security_context.as_ref().unwrap().privileged,
+        Some(true)
+    );
+
+    // The agent's /dev/shm, where the MPS daemons it starts talk to their clients, is that
+    // tmpfs's host directory, following mounts made on the host.
+    let shm = Path::new(&root).join("shm");
+    assert_eq!(
+        host_path(&pod, agent, "/dev/shm"),
+        Some((shm.clone(), false))
+    );
+    assert_eq!(
+        mount_of(agent, "/dev/shm").mount_propagation.as_deref(),
+        Some("HostToContainer")
+    );
+
+    // The init container's command, run for real in a private mount namespace with its MPS
+    // root moved into a temporary directory: it mounts the tmpfs, and a second run (a restarted
+    // pod) leaves it alone.
+    if !can_unshare_mounts() {
+        eprintln!("no `unshare --mount` here (not root?): the mount itself is not exercised");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"set -e
+"$0" "$@"
+"$0" "$@"
+grep " $GPU_SHARE_MPS_ROOT/shm " /proc/self/mountinfo"#;
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .arg(env!("CARGO_BIN_EXE_gpu-share"))
+        .args(&args);
+    for e in init.env.iter().flatten() {
+        cmd.env(&e.name, e.value.as_deref().unwrap_or_default());
+    }
+    let out = cmd.env("GPU_SHARE_MPS_ROOT", dir.path()).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = said.lines().collect();
+    assert!(lines[0].starts_with("mounted a tmpfs at"), "{said}");
+    assert!(lines[1].contains("already a mount point"), "{said}");
+    assert!(
+        lines[2].contains(" - tmpfs shm ") && lines[2].contains("nosuid,nodev,noexec"),
+        "{said}"
+    );
+    assert_eq!(lines.len(), 3, "one tmpfs, not two: {said}");
+}
+
+#[test]
+fn the_runtime_class_ships_where_no_gpu_operator_brings_it() {
+    for overlay in overlays() {
+        let objects = render(&deploy().join("overlays").join(&overlay)).objects;
+        let (_, pod) = pod_spec(&objects);
+        let classes: Vec<RuntimeClass> = all(&objects, "RuntimeClass");
+        if overlay == "gpu-operator" {
+            assert!(classes.is_empty(), "the GPU Operator creates its own");
+            continue;
+        }
+        assert_eq!(classes.len(), 1, "{overlay}: one RuntimeClass");
+        assert_eq!(
+            classes[0].metadata.name, pod.runtime_class_name,
+            "{overlay}: the pod's RuntimeClass"
+        );
+        assert_eq!(classes[0].handler, "nvidia", "{overlay}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The profiles ConfigMap
 // ---------------------------------------------------------------------------------------------

@@ -551,3 +551,128 @@ fn an_unreadable_profile_is_a_usage_error() {
     let out = node.doctor_with(&["--profile", "/nonexistent/profile.yaml"], &[]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
+
+#[test]
+fn the_builtin_plugin_plans_what_nvidia_refuses_and_needs_kubelet_sock_and_the_mps_tmpfs() {
+    // Only the kubelet: the agent serves the built-in plugin's sockets once it runs.
+    let mut node = Node::healthy(vec![Gpu::mig("h100"); 6], &[]);
+    node.executable("usr/bin/nvidia-cuda-mps-control");
+    let mixed = profile("profiles/builtin/h100-mixed-sharing.yaml");
+
+    // MIG, time-slicing and MPS side by side: the NVIDIA plugin cannot advertise that.
+    let (r, code) = node.doctor(&["--profile", &mixed]);
+    assert_eq!(code, 1, "{}", r.0);
+    r.assert_failed_at("profile");
+    assert!(
+        r.said("profile")
+            .contains("the NVIDIA device plugin refuses MPS on a node with MIG devices"),
+        "{}",
+        r.0
+    );
+
+    // The built-in plugin plans it. MIG is not applied yet (a warning naming the apply for this
+    // plugin), its sockets are not served yet, and no mount table says where the MPS tmpfs is.
+    let (r, code) = node.doctor(&["--profile", &mixed, "--plugin", "builtin"]);
+    assert_eq!(code, 0, "{}", r.0);
+    assert_eq!(r.status("profile"), "warn", "{}", r.0);
+    assert!(
+        r.said("profile").contains("gpu-share apply --profile ")
+            && r.said("profile").contains(" --plugin builtin`"),
+        "{}",
+        r.0
+    );
+    assert_eq!(r.status("device-plugin"), "warn", "{}", r.0);
+    let said = r.said("device-plugin");
+    assert!(said.contains("kubelet.sock listening"), "{said}");
+    assert!(
+        said.contains("built-in plugin (served by the agent)"),
+        "{said}"
+    );
+    assert!(!said.contains("no NVIDIA device plugin"), "{said}");
+    assert!(
+        said.contains("nvidia-gpu.sock is missing: the agent serves it"),
+        "{said}"
+    );
+    assert!(
+        said.contains("nvidia-mig-1g.10gb.sock is missing"),
+        "{said}"
+    );
+    assert!(
+        said.contains("cannot read") && said.contains("proc/self/mountinfo"),
+        "{said}"
+    );
+
+    // The pod's GPU_SHARE_PLUGIN picks it too; a mount table without the tmpfs.
+    node.file(
+        "proc/self/mountinfo",
+        "25 1 0:23 / /run rw,nosuid,nodev,noexec,relatime - tmpfs tmpfs rw,size=3274040k\n",
+    );
+    let (r, code) = node.doctor_env(&["--profile", &mixed], &[("GPU_SHARE_PLUGIN", "builtin")]);
+    assert_eq!(code, 0, "{}", r.0);
+    let said = r.said("device-plugin");
+    let shm = node.root().join("run/nvidia/mps/shm");
+    assert!(
+        said.contains(&format!("{} is not a mount point", shm.display())),
+        "{said}"
+    );
+    assert!(
+        said.contains("gpu-share mps mount-shm --root ")
+            && said.contains("deploy/overlays/builtin"),
+        "{said}"
+    );
+
+    // Everything served, the tmpfs mounted: the layer is ok and says so.
+    node.file(
+        "proc/self/mountinfo",
+        &format!(
+            "31 25 0:45 / {} rw,nosuid,nodev,noexec,relatime - tmpfs shm rw,size=16370200k\n",
+            shm.display()
+        ),
+    );
+    for s in ["nvidia-gpu.sock", "nvidia-mig-1g.10gb.sock"] {
+        node.listen(&format!("{PLUGINS}/{s}"));
+    }
+    let (r, code) = node.doctor(&["--profile", &mixed, "--plugin", "builtin"]);
+    assert_eq!(code, 0, "{}", r.0);
+    assert_eq!(r.status("device-plugin"), "ok", "{}", r.0);
+    let said = r.said("device-plugin");
+    assert!(
+        said.contains(&format!("{} is a tmpfs", shm.display())),
+        "{said}"
+    );
+    assert!(
+        said.contains("listening: nvidia-gpu.sock, nvidia-mig-1g.10gb.sock"),
+        "{said}"
+    );
+
+    // A MIG-only profile needs no MPS tmpfs: it is not looked at.
+    node.file("proc/self/mountinfo", "");
+    let mig = profile("tests/data/doctor/mig-everywhere.yaml");
+    let (r, _) = node.doctor(&["--profile", &mig, "--plugin", "builtin"]);
+    assert!(!r.said("device-plugin").contains("shm"), "{}", r.0);
+}
+
+#[test]
+fn the_builtin_plugin_without_the_kubelet_fails_at_device_plugin() {
+    let node = Node::healthy(h100x2(), &[]);
+    node.remove(&format!("{PLUGINS}/kubelet.sock"));
+    let (r, code) = node.doctor(&["--plugin", "builtin"]);
+    assert_eq!(code, 1, "{}", r.0);
+    r.assert_failed_at("device-plugin");
+    assert!(
+        r.said("device-plugin")
+            .contains("kubelet.sock does not exist"),
+        "{}",
+        r.0
+    );
+
+    // Without a profile, the kubelet alone is enough: no plugin socket is asked for yet.
+    let node = Node::healthy(h100x2(), &[]);
+    let (r, code) = node.doctor(&["--plugin", "builtin"]);
+    assert_eq!(code, 0, "{}", r.0);
+    assert_eq!(r.status("device-plugin"), "ok", "{}", r.0);
+    // The NVIDIA plugin, by contrast, must have registered.
+    let (r, code) = node.doctor(&[]);
+    assert_eq!(code, 1, "{}", r.0);
+    r.assert_failed_at("device-plugin");
+}

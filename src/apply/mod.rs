@@ -218,6 +218,14 @@ fn share(
             settings.ready_contents = serde_json::to_string(mps).expect("serialisable");
         }
     }
+    if !specs.is_empty() {
+        // Clients reach the daemons through /dev/shm: NVIDIA's tmpfs at <root>/shm is expected
+        // there (`gpu-share mps mount-shm`); without it MPS may still work, so only warn.
+        let proc = std::path::Path::new("/proc");
+        if let Some(why) = crate::mps::shm::warning(&settings.root, proc) {
+            warn!("{why}");
+        }
+    }
     if !specs.is_empty() || settings.root.exists() {
         report.mps = daemon::reconcile(&settings, &specs)?;
     }

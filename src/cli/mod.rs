@@ -58,6 +58,28 @@ enum Command {
     /// plugin, CUDA) and stop at the first broken layer with what to fix.
     #[command(after_help = crate::doctor::EXIT_CODES)]
     Doctor(DoctorArgs),
+    /// MPS on this node, set-up steps outside the agent.
+    #[command(subcommand)]
+    Mps(MpsCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum MpsCommand {
+    /// Mount the tmpfs that MPS servers and clients share as /dev/shm at <root>/shm (NVIDIA's
+    /// options, half the node's memory); nothing to do when it is a mount point already. Needs
+    /// CAP_SYS_ADMIN: a privileged init container, its MPS root mounted with
+    /// mountPropagation Bidirectional.
+    MountShm(MountShmArgs),
+}
+
+#[derive(Args, Debug)]
+struct MountShmArgs {
+    /// The MPS root: the tmpfs goes at <root>/shm.
+    #[arg(long, env = "GPU_SHARE_MPS_ROOT", default_value = daemon::DEFAULT_ROOT)]
+    root: PathBuf,
+    /// Where /proc is: meminfo sizes the tmpfs, self/mountinfo tells whether it is mounted.
+    #[arg(long, default_value = "/proc")]
+    proc_root: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -290,6 +312,18 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             let report = crate::doctor::run(c, args.nvml.nvml_lib.as_deref(), profile.as_ref());
             emit(args.out.output, &report, crate::doctor::render_text)?;
             Ok(ExitCode::from(report.exit_code()))
+        }
+        Command::Mps(MpsCommand::MountShm(args)) => {
+            match crate::mps::shm::mount_shm(&args.root, &args.proc_root) {
+                Ok(outcome) => {
+                    println!("{outcome}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    Ok(ExitCode::FAILURE)
+                }
+            }
         }
     }
 }

@@ -9,6 +9,11 @@
 //!
 //! Everything is read from files under `--root` (default `/`), so tests point the doctor at a
 //! fixture tree, and the NVML library is the one `--nvml-lib` names.
+//!
+//! `--plugin` (env `GPU_SHARE_PLUGIN`, as the agent's) says which device plugin advertises the
+//! GPUs: `nvidia` plans the profile with the NVIDIA plugin's refusals and expects its sockets;
+//! `builtin` plans it for the agent's own plugin, needs only `kubelet.sock` (the agent serves
+//! the resource sockets once it runs), and for MPS the tmpfs at `<mps root>/shm`.
 
 mod cdi;
 mod containerd;
@@ -26,6 +31,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::builtin_plugin::PluginKind;
 use crate::plan::{NodePlan, ObservedNode};
 use crate::profile::NamedProfile;
 
@@ -142,6 +148,8 @@ struct Ctx<'a> {
     profile: Option<&'a NamedProfile>,
     profile_path: Option<&'a Path>,
     cuda: Option<CudaVersion>,
+    /// The device plugin the profile is planned for and whose needs are checked.
+    plugin: PluginKind,
 }
 
 /// What the layers below learnt, for the layers above.
@@ -194,6 +202,7 @@ pub fn run(
         profile,
         profile_path: options.profile.as_deref(),
         cuda: options.cuda,
+        plugin: options.plugin,
     };
     let mut facts = Facts::default();
     let mut failed_at = None;

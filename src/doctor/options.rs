@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::cuda::{self, CudaVersion};
+use crate::builtin_plugin::PluginKind;
 
 /// What `gpu-share doctor --help` says about its exit codes.
 pub const EXIT_CODES: &str = "\
@@ -28,6 +29,11 @@ pub struct DoctorOptions {
     /// Check that the driver runs this CUDA runtime version (MAJOR.MINOR, e.g. 12.4).
     #[arg(long, value_name = "VERSION", value_parser = cuda::parse_version)]
     pub cuda: Option<CudaVersion>,
+    /// The device plugin that advertises the GPUs, as the agent's --plugin: `nvidia` (profiles
+    /// planned with its refusals, its sockets checked) or `builtin` (the agent's own plugin:
+    /// kubelet.sock, and for MPS the tmpfs at <mps root>/shm).
+    #[arg(long, env = "GPU_SHARE_PLUGIN", value_enum, default_value_t = PluginKind::Nvidia)]
+    pub plugin: PluginKind,
     /// Resolve every default path below under DIR (e.g. the host's root mounted in a pod).
     #[arg(long, value_name = "DIR", default_value = "/", help_heading = "Paths")]
     pub root: PathBuf,
@@ -57,6 +63,15 @@ pub struct DoctorOptions {
     /// each directory under --root [default: nvidia-cuda-mps-control].
     #[arg(long, value_name = "PATH", help_heading = "Paths")]
     pub mps_control: Option<PathBuf>,
+    /// The MPS root; with --plugin builtin and an MPS profile, <DIR>/shm must be a tmpfs mount
+    /// [default: /run/nvidia/mps].
+    #[arg(long, value_name = "DIR", help_heading = "Paths")]
+    pub mps_root: Option<PathBuf>,
+    /// The mount table that says whether <mps root>/shm is mounted; its mount points are as the
+    /// doctor's own process sees them, so with --root they include the root
+    /// [default: /proc/self/mountinfo].
+    #[arg(long, value_name = "FILE", help_heading = "Paths")]
+    pub mountinfo: Option<PathBuf>,
 }
 
 impl Default for DoctorOptions {
@@ -65,6 +80,7 @@ impl Default for DoctorOptions {
             profile: None,
             key: None,
             cuda: None,
+            plugin: PluginKind::Nvidia,
             root: PathBuf::from("/"),
             driver_version_file: None,
             dev_dir: None,
@@ -74,6 +90,8 @@ impl Default for DoctorOptions {
             cdi_dirs: Vec::new(),
             device_plugin_dir: None,
             mps_control: None,
+            mps_root: None,
+            mountinfo: None,
         }
     }
 }
@@ -90,6 +108,8 @@ pub(super) struct Paths {
     pub(super) cdi_dirs: Vec<PathBuf>,
     pub(super) device_plugin_dir: PathBuf,
     pub(super) mps_control: PathBuf,
+    pub(super) mps_root: PathBuf,
+    pub(super) mountinfo: PathBuf,
 }
 
 impl Paths {
@@ -119,6 +139,8 @@ impl Paths {
                 .mps_control
                 .clone()
                 .unwrap_or_else(|| PathBuf::from("nvidia-cuda-mps-control")),
+            mps_root: pick(&o.mps_root, crate::mps::daemon::DEFAULT_ROOT),
+            mountinfo: pick(&o.mountinfo, "/proc/self/mountinfo"),
             root,
         }
     }
@@ -175,5 +197,7 @@ mod tests {
             [Path::new("/host/etc/cdi"), Path::new("/host/var/run/cdi")]
         );
         assert_eq!(p.mps_control, Path::new("nvidia-cuda-mps-control"));
+        assert_eq!(p.mps_root, Path::new("/host/run/nvidia/mps"));
+        assert_eq!(p.mountinfo, Path::new("/host/proc/self/mountinfo"));
     }
 }

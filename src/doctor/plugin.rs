@@ -2,6 +2,10 @@
 //! one socket per resource the plugin serves, `nvidia-<name after "nvidia.com/">.sock`
 //! (`nvidia-gpu.sock`, `nvidia-mig-1g.10gb.sock`). A socket file nobody listens on is stale.
 //! Whether the node's allocatable resources match is for the API server to say: not checked yet.
+//!
+//! With `--plugin builtin` the agent serves those sockets itself once it runs, so only
+//! `kubelet.sock` must be live (a missing resource socket is a warning), and a profile with MPS
+//! needs the tmpfs its clients share as `/dev/shm` at `<mps root>/shm`.
 
 use std::io::ErrorKind;
 use std::os::unix::fs::FileTypeExt;
@@ -10,6 +14,9 @@ use std::path::Path;
 
 use super::profile::resources;
 use super::{Check, Ctx, Facts};
+use crate::builtin_plugin::PluginKind;
+use crate::mps::shm;
+use crate::plan::{NodePlan, ObservedNode, PlannedMode};
 
 const NAME: &str = "device-plugin";
 
@@ -66,6 +73,9 @@ pub(super) fn check(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
                 "restart the kubelet (`sudo systemctl restart kubelet`)",
             )
         }
+    }
+    if ctx.plugin == PluginKind::Builtin {
+        return builtin(ctx, facts, check);
     }
     let present: Vec<String> = std::fs::read_dir(dir)
         .into_iter()
@@ -152,6 +162,114 @@ pub(super) fn check(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
         ));
     }
     check
+}
+
+/// The agent's own plugin: the profile's sockets are reported (it serves them once it runs
+/// with `--plugin builtin` and has applied the profile), and MPS's `/dev/shm` tmpfs checked.
+fn builtin(ctx: &Ctx<'_>, facts: &Facts, mut check: Check) -> Check {
+    let dir = &ctx.paths.device_plugin_dir;
+    let wanted: Vec<String> = facts
+        .plan
+        .iter()
+        .flat_map(|p| p.resources.keys())
+        .map(|r| socket_name(r))
+        .collect();
+    let mut live = Vec::new();
+    for name in &wanted {
+        match probe(&dir.join(name)) {
+            Socket::Listening => live.push(name.clone()),
+            other => check.warn(
+                format!(
+                    "{name} is {}: the agent serves it once it runs with --plugin builtin and has \
+                     applied the profile",
+                    describe(&other)
+                ),
+                "look at the agent's log (`kubectl -n gpu-share logs <pod> -c agent`); deploy \
+                 it with deploy/overlays/builtin",
+            ),
+        }
+    }
+    check.found = format!(
+        "kubelet.sock listening in {}; built-in plugin (served by the agent){}",
+        dir.display(),
+        if wanted.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ": the profile needs {}; listening: {}",
+                wanted.join(", "),
+                if live.is_empty() {
+                    "none".into()
+                } else {
+                    live.join(", ")
+                }
+            )
+        }
+    );
+    if facts
+        .plan
+        .as_ref()
+        .is_some_and(|p| uses_mps(p, facts.node.as_ref()))
+    {
+        check_shm(ctx, &mut check);
+    }
+    check
+}
+
+/// Whether the plan runs MPS daemons: on whole GPUs, inside MIG devices, or any the daemon
+/// layout derives.
+fn uses_mps(plan: &NodePlan, node: Option<&ObservedNode>) -> bool {
+    plan.gpus.iter().any(|g| {
+        matches!(
+            g.mode,
+            PlannedMode::Mps { .. } | PlannedMode::Mig { mps: Some(_), .. }
+        )
+    }) || node
+        .is_some_and(|n| crate::mps::daemon::specs_from_plan(plan, n).is_ok_and(|s| !s.is_empty()))
+}
+
+/// MPS clients reach their server through `/dev/shm`, which the built-in plugin's clients and
+/// the agent share as `<mps root>/shm`: NVIDIA mounts a tmpfs there.
+fn check_shm(ctx: &Ctx<'_>, check: &mut Check) {
+    let path = shm::shm_dir(&ctx.paths.mps_root);
+    let fix = format!(
+        "mount it: `gpu-share mps mount-shm --root {}` as root with CAP_SYS_ADMIN \
+         (deploy/overlays/builtin runs it as a privileged init container)",
+        ctx.paths.mps_root.display()
+    );
+    let mountinfo = &ctx.paths.mountinfo;
+    match std::fs::read_to_string(mountinfo).map(|t| shm::find_mount(&t, &path)) {
+        Ok(Some(m)) if m.is_tmpfs() => check.details.push(format!(
+            "MPS: {} is a tmpfs ({})",
+            path.display(),
+            m.options
+        )),
+        Ok(Some(m)) => check.warn(
+            format!(
+                "MPS: {} is a {} mount, not the tmpfs MPS clients share as /dev/shm",
+                path.display(),
+                m.fs_type
+            ),
+            format!("unmount it, then {fix}"),
+        ),
+        Ok(None) => check.warn(
+            format!(
+                "MPS: {} is not a mount point: MPS clients and the daemons share /dev/shm \
+                 through it, and NVIDIA mounts a tmpfs there (noexec, half the node's memory)",
+                path.display()
+            ),
+            fix,
+        ),
+        Err(e) => check.warn(
+            format!(
+                "MPS: cannot read {} to tell whether {} is a tmpfs: {e}",
+                mountinfo.display(),
+                path.display()
+            ),
+            "point --mountinfo at the mount table of a process that sees the MPS root \
+             (/proc/self/mountinfo)",
+        ),
+    }
 }
 
 fn describe(s: &Socket) -> &'static str {

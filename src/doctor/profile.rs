@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 
 use super::{find_program, is_executable, Check, Ctx, Facts};
+use crate::builtin_plugin::PluginKind;
 use crate::mig::catalog;
-use crate::plan::{plan, NodePlan, ObservedGpu, ObservedNode, PlannedMode};
+use crate::plan::{plan_for, NodePlan, ObservedGpu, ObservedNode, PlannedMode};
 use crate::profile::{Mode, Problem, Profile, Severity};
 
 const NAME: &str = "profile";
@@ -17,6 +18,11 @@ pub(super) fn check(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
     let file = ctx
         .profile_path
         .map_or_else(|| "FILE".into(), |p| p.display().to_string());
+    // The commands suggested below check the profile for the same plugin.
+    let file = match ctx.plugin {
+        PluginKind::Nvidia => file,
+        PluginKind::Builtin => format!("{file} --plugin builtin"),
+    };
     let profile = match &named.profile {
         Ok(p) => p,
         Err(problem) => {
@@ -40,7 +46,7 @@ pub(super) fn check(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
         },
         (None, None) => return Check::skip(NAME, "not checked: no GPU was observed"),
     };
-    let planned = match plan(&named.name, profile, &node) {
+    let planned = match plan_for(&named.name, profile, &node, ctx.plugin) {
         Ok(p) => p,
         Err(problems) => return does_not_fit(&named.name, profile, &node, &problems, &file),
     };

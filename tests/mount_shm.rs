@@ -1,0 +1,190 @@
+//! `gpu-share mps mount-shm` for real: each run is inside `unshare --mount` (a private mount
+//! namespace, so no tmpfs outlives the test), which needs root. Where that is not possible the
+//! mounting tests say so and pass; the pure parts (size, options, mountinfo) are unit tests in
+//! src/mps/shm.rs.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn can_unshare_mounts() -> bool {
+    let ok = Command::new("unshare")
+        .args(["--mount", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("no `unshare --mount` here (not root?): mounting is not exercised");
+    }
+    ok
+}
+
+/// `script` run by sh in a new mount namespace, with `$B` the gpu-share binary.
+fn in_namespace(script: &str) -> Output {
+    Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .env("B", env!("CARGO_BIN_EXE_gpu-share"))
+        .env_remove("GPU_SHARE_MPS_ROOT")
+        .output()
+        .unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The size of the filesystem at `path` in kB, as df says, and its line in mountinfo.
+const INSPECT: &str =
+    r#"df -k --output=size "$ROOT/shm" | tail -n 1; grep " $ROOT/shm " /proc/self/mountinfo"#;
+
+#[test]
+fn mounts_nvidias_tmpfs_once_sized_by_memory() {
+    if !can_unshare_mounts() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("mps");
+    let out = in_namespace(&format!(
+        r#"set -e; ROOT={root}; "$B" mps mount-shm --root "$ROOT"; "$B" mps mount-shm --root "$ROOT"; {INSPECT}"#,
+        root = root.display()
+    ));
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8(out.stdout.clone()).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    let shm = root.join("shm");
+    assert_eq!(
+        lines[0],
+        format!(
+            "mounted a tmpfs at {} (rw,nosuid,nodev,noexec,relatime,size={}), half of MemTotal",
+            shm.display(),
+            expected_size()
+        ),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        lines[1].starts_with(&format!(
+            "{} is already a mount point (tmpfs shm",
+            shm.display()
+        )),
+        "{}",
+        text(&out)
+    );
+    assert!(lines[1].ends_with("nothing to do"), "{}", text(&out));
+    assert_eq!(
+        format!("{}k", lines[2].trim()),
+        expected_size(),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        lines[3].contains(" rw,nosuid,nodev,noexec,relatime ")
+            && lines[3].contains(" - tmpfs shm "),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(lines.len(), 4, "one tmpfs, not two: {}", text(&out));
+    // Nothing left mounted outside the namespace.
+    let host = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!host.contains(&shm.display().to_string()));
+}
+
+fn expected_size() -> String {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    format!("{}k", kib / 2)
+}
+
+#[test]
+fn without_meminfo_the_size_is_nvidias_fallback() {
+    if !can_unshare_mounts() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("mps");
+    // A /proc with the real self/ (mountinfo) and no meminfo.
+    let proc = dir.path().join("proc");
+    std::fs::create_dir(&proc).unwrap();
+    std::os::unix::fs::symlink("/proc/self", proc.join("self")).unwrap();
+    let out = in_namespace(&format!(
+        r#"set -e; ROOT={root}; "$B" mps mount-shm --root "$ROOT" --proc-root {proc}; {INSPECT}"#,
+        root = root.display(),
+        proc = proc.display()
+    ));
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8(out.stdout.clone()).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        lines[0].ends_with("size=65536k), the fallback size: MemTotal was not readable"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(lines[1].trim(), "65536", "{}", text(&out));
+}
+
+#[test]
+fn without_cap_sys_admin_the_error_names_the_path_and_the_capability() {
+    if !can_unshare_mounts() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("mps");
+    let out = in_namespace(&format!(
+        r#"exec setpriv --inh-caps=-sys_admin --bounding-set=-sys_admin "$B" mps mount-shm --root {}"#,
+        root.display()
+    ));
+    if String::from_utf8_lossy(&out.stderr).contains("setpriv") {
+        eprintln!("setpriv cannot drop CAP_SYS_ADMIN here: {}", text(&out));
+        return;
+    }
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let shm = root.join("shm");
+    assert!(
+        stderr.contains(&format!("cannot mount a tmpfs at {}", shm.display())),
+        "{}",
+        text(&out)
+    );
+    assert!(stderr.contains("EPERM"), "{}", text(&out));
+    assert!(
+        stderr.contains("CAP_SYS_ADMIN") && stderr.contains("privileged init container"),
+        "{}",
+        text(&out)
+    );
+    assert!(shm.is_dir(), "the directory is made before mounting");
+}
+
+#[test]
+fn a_root_that_cannot_be_created_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, "").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+        .args(["mps", "mount-shm", "--root"])
+        .arg(&file)
+        .env_remove("GPU_SHARE_MPS_ROOT")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "cannot create {}",
+            Path::new(&file).join("shm").display()
+        )),
+        "{}",
+        text(&out)
+    );
+}
