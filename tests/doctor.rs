@@ -553,6 +553,59 @@ fn an_unreadable_profile_is_a_usage_error() {
 }
 
 #[test]
+fn mps_inside_mig_needs_the_control_daemon_and_is_checked_against_the_driver() {
+    let node = Node::healthy(h100x2(), &[]);
+    let mps_in_mig = profile("profiles/builtin/h100-mps-in-mig.yaml");
+    let args = ["--profile", mps_in_mig.as_str(), "--plugin", "builtin"];
+    let (r, code) = node.doctor(&args);
+    assert_eq!(code, 1, "{}", r.0);
+    r.assert_failed_at("profile");
+    assert!(
+        r.said("profile")
+            .contains("the profile runs MPS on GPU 0, 1, but the MPS control daemon"),
+        "{}",
+        r.0
+    );
+
+    // With the control daemon, the healthy node's driver (R5xx) is new enough.
+    node.executable("usr/bin/nvidia-cuda-mps-control");
+    let (r, _) = node.doctor(&args);
+    assert_ne!(r.status("profile"), "fail", "{}", r.0);
+    assert!(
+        r.said("profile")
+            .contains("MPS inside MIG devices (GPU 0, 1): driver"),
+        "{}",
+        r.0
+    );
+
+    // An R460 driver (MIG-capable on A100, older than the R470 commonly cited for MPS on MIG):
+    // a warning, not a failure, since NVIDIA states no minimum.
+    node.file(
+        "proc/driver/nvidia/version",
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  460.106.00  Tue Sep 28 12:05:58 UTC 2021\n",
+    );
+    let mut state = State::with_gpus(vec![Gpu::mig("a100-80gb"); 2]);
+    state.driver_version = "460.106.00".into();
+    state.cuda_version = 11020;
+    node.nvml(state);
+    let a100 = node.root().join("a100-mps-in-mig.yaml");
+    std::fs::write(
+        &a100,
+        "version: v1\nrules:\n  - devices: all\n    mig: {3g.40gb: 2}\n    mps: {replicas: 4}\n",
+    )
+    .unwrap();
+    let a100 = a100.display().to_string();
+    let (r, _) = node.doctor(&["--profile", &a100, "--plugin", "builtin"]);
+    assert_eq!(r.status("profile"), "warn", "{}", r.0);
+    assert!(
+        r.said("profile")
+            .contains("older than R470, the branch commonly cited for MPS on MIG"),
+        "{}",
+        r.0
+    );
+}
+
+#[test]
 fn the_builtin_plugin_plans_what_nvidia_refuses_and_needs_kubelet_sock_and_the_mps_tmpfs() {
     // Only the kubelet: the agent serves the built-in plugin's sockets once it runs.
     let mut node = Node::healthy(vec![Gpu::mig("h100"); 6], &[]);

@@ -177,12 +177,19 @@ fn check_mig(planned: &NodePlan, facts: &Facts, check: &mut Check) {
     }
 }
 
-/// MPS needs its control daemon, and is not available on Tegra.
+/// The driver branch commonly cited for MPS inside MIG devices (CUDA 11.4 / R470); NVIDIA's MIG
+/// User Guide, which documents MPS on MIG, gives no minimum (shared/reference/mig-nvml.md §5).
+const MPS_ON_MIG_BRANCH: u32 = 470;
+
+/// MPS needs its control daemon, and is not available on Tegra; MPS inside MIG devices wants a
+/// driver that has it.
 fn check_mps(ctx: &Ctx<'_>, planned: &NodePlan, facts: &Facts, check: &mut Check) {
+    let inside_mig =
+        |g: &&crate::plan::GpuPlan| matches!(g.mode, PlannedMode::Mig { mps: Some(_), .. });
     let mps: Vec<String> = planned
         .gpus
         .iter()
-        .filter(|g| matches!(g.mode, PlannedMode::Mps { .. }))
+        .filter(|g| matches!(g.mode, PlannedMode::Mps { .. }) || inside_mig(g))
         .map(|g| g.index.to_string())
         .collect();
     if mps.is_empty() {
@@ -194,6 +201,28 @@ fn check_mps(ctx: &Ctx<'_>, planned: &NodePlan, facts: &Facts, check: &mut Check
             "use timeSlicing on Jetson",
         );
         return;
+    }
+    let mig_mps: Vec<String> = planned
+        .gpus
+        .iter()
+        .filter(inside_mig)
+        .map(|g| g.index.to_string())
+        .collect();
+    match facts.driver() {
+        Some(d) if !mig_mps.is_empty() && d.branch() < MPS_ON_MIG_BRANCH => check.warn(
+            format!(
+                "the profile runs MPS inside the MIG devices of GPU {}, but driver {} is older than R{MPS_ON_MIG_BRANCH}, the branch commonly cited for MPS on MIG (NVIDIA names no minimum)",
+                mig_mps.join(", "),
+                d
+            ),
+            "upgrade the driver, or share those MIG devices by time-slicing (`timeSlicing` beside `mig`)",
+        ),
+        Some(d) if !mig_mps.is_empty() => check.details.push(format!(
+            "MPS inside MIG devices (GPU {}): driver {} is R{MPS_ON_MIG_BRANCH} or later",
+            mig_mps.join(", "),
+            d
+        )),
+        _ => {}
     }
     let wanted = &ctx.paths.mps_control;
     // A path given with --mps-control is used as written; a bare name is searched on PATH.
