@@ -31,6 +31,7 @@ use crate::apply::{ApplyOptions, DevicePluginOutput};
 use crate::builtin_plugin::{ManagerSettings, PluginKind, PluginManager};
 use crate::device_plugin::SignalTarget;
 use crate::doctor::{self, DoctorOptions, Status};
+use crate::gpu::SharedGpus;
 use crate::mps::daemon::{self, MpsSettings};
 use drain::DrainSettings;
 use http::Health;
@@ -239,6 +240,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         &args.cdi_annotation_prefix,
     )
     .map_err(anyhow::Error::msg)?;
+    let gpus = SharedGpus::new(args.nvml_lib.clone());
     let reconciler = Reconciler {
         client: client.clone(),
         eviction_client,
@@ -260,7 +262,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             max_backoff: Duration::from_secs(30),
         },
         apply: args.apply_options(),
-        nvml_lib: args.nvml_lib.clone(),
+        gpus: gpus.clone(),
         plugin_pod_selector: (args.plugin_reload == Reload::Restart)
             .then(|| args.plugin_pod_selector.clone()),
         configmap: format!("{}/{}", args.namespace, args.configmap),
@@ -268,7 +270,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             info!(dir = %args.device_plugin_dir.display(), "serving the built-in device plugin");
             PluginManager::start(ManagerSettings {
                 dir: args.device_plugin_dir.clone(),
-                nvml_lib: args.nvml_lib.clone(),
+                gpus,
                 health_interval: Duration::from_millis(args.plugin_health_ms),
                 kubelet_poll: Duration::from_millis(args.kubelet_poll_ms),
                 device_listing,

@@ -9,7 +9,6 @@
 //! left behind; a Node write (state, uncordon) that fails fails the reconcile with `ApiError`,
 //! so the retry puts it right. The state dir is checked before the drain slot and the cordon.
 
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -27,7 +26,7 @@ use super::node::{self, State};
 use super::pods::disturbed_processes;
 use crate::apply::{apply, check_state_dir, ApplyError, ApplyOptions};
 use crate::builtin_plugin::{Inventory, PluginManager};
-use crate::gpu::Gpus;
+use crate::gpu::{Gpus, SharedGpus};
 use crate::plan::{plan_for, steps, ObservedNode};
 use crate::profile::{parse_profile, Problem, Profile};
 
@@ -60,7 +59,8 @@ pub struct Reconciler {
     pub slots: DrainSlots,
     pub drain: DrainSettings,
     pub apply: ApplyOptions,
-    pub nvml_lib: Option<PathBuf>,
+    /// The agent's one NVML session.
+    pub gpus: SharedGpus,
     /// Label selector of the device-plugin pods to delete after a config change, when the
     /// plugin is restarted rather than signalled.
     pub plugin_pod_selector: Option<String>,
@@ -276,7 +276,7 @@ impl Reconciler {
                 None,
             )
             .await;
-            let lib = self.nvml_lib.clone();
+            let gpus = self.gpus.clone();
             let evicted = drain(
                 self.client.clone(),
                 self.eviction_client.clone(),
@@ -284,7 +284,7 @@ impl Reconciler {
                 &pids,
                 &self.drain,
                 &self.metrics,
-                move |pids| still_running(lib.clone(), pids),
+                move |pids| still_running(gpus.clone(), pids),
             )
             .await
             .map_err(|e| failed("DrainTimeout", e))?;
@@ -315,11 +315,10 @@ impl Reconciler {
     /// the plugin pods when that is how the plugin reloads.
     async fn run_apply(&self, key: &str, profile: &Profile) -> Result<(), Outcome> {
         let plugin_options = profile.plugin.clone();
-        let (lib, opts) = (self.nvml_lib.clone(), self.apply.clone());
+        let (gpus, opts) = (self.gpus.clone(), self.apply.clone());
         let (key_owned, profile) = (key.to_string(), profile.clone());
         let report = tokio::task::spawn_blocking(move || {
-            let gpus = Gpus::open(lib.as_deref())?;
-            apply(&gpus, &key_owned, &profile, &opts)
+            gpus.with(|gpus| apply(gpus, &key_owned, &profile, &opts))
         })
         .await
         .map_err(|e| failed("ApplyFailed", e))?
@@ -387,14 +386,10 @@ impl Reconciler {
     }
 
     async fn observe(&self) -> Result<ObservedNode, String> {
-        let lib = self.nvml_lib.clone();
-        tokio::task::spawn_blocking(move || {
-            Gpus::open(lib.as_deref())
-                .and_then(|g| g.observe())
-                .map_err(|e| e.to_string())
-        })
-        .await
-        .map_err(|e| e.to_string())?
+        let gpus = self.gpus.clone();
+        tokio::task::spawn_blocking(move || gpus.with(Gpus::observe).map_err(|e| e.to_string()))
+            .await
+            .map_err(|e| e.to_string())?
     }
 
     async fn publish(&self, state: State, reason: &str, hash: Option<&str>) {
@@ -462,9 +457,9 @@ impl Reconciler {
 }
 
 /// Which of `pids` NVML still lists.
-async fn still_running(lib: Option<PathBuf>, pids: Vec<u32>) -> Vec<u32> {
+async fn still_running(gpus: SharedGpus, pids: Vec<u32>) -> Vec<u32> {
     tokio::task::spawn_blocking(move || {
-        let Ok(node) = Gpus::open(lib.as_deref()).and_then(|g| g.observe()) else {
+        let Ok(node) = gpus.with(Gpus::observe) else {
             return pids;
         };
         pids.into_iter()

@@ -19,15 +19,15 @@ use super::cdi::DeviceListing;
 use super::inventory::{Inventory, ResourceDevices};
 use super::server::{register, Endpoint, KUBELET_SOCKET};
 use super::socket_name;
-use crate::gpu::Gpus;
+use crate::gpu::{Gpus, SharedGpus};
 
 /// Where the manager works and how often it looks.
 #[derive(Debug, Clone)]
 pub struct ManagerSettings {
     /// The kubelet's device-plugins directory.
     pub dir: PathBuf,
-    /// NVML, for device health.
-    pub nvml_lib: Option<PathBuf>,
+    /// The agent's NVML session, for device health.
+    pub gpus: SharedGpus,
     /// How often device health is read from NVML.
     pub health_interval: Duration,
     /// How often `kubelet.sock` is checked for a kubelet restart (and failed registrations
@@ -211,9 +211,9 @@ impl PluginManager {
         let mut tick = tokio::time::interval(self.settings.health_interval);
         loop {
             tick.tick().await;
-            let lib = self.settings.nvml_lib.clone();
+            let gpus = self.settings.gpus.clone();
             let present = tokio::task::spawn_blocking(move || {
-                let node = Gpus::open(lib.as_deref())?.observe()?;
+                let node = gpus.with(Gpus::observe)?;
                 let mut uuids = BTreeSet::new();
                 for gpu in node.gpus {
                     uuids.extend(gpu.uuid);

@@ -7,7 +7,8 @@
 pub mod raw;
 
 use std::ffi::OsStr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
@@ -79,6 +80,65 @@ pub enum MigModeOutcome {
 /// An open NVML library.
 pub struct Gpus {
     nvml: Nvml,
+}
+
+/// One NVML session for a long-running process (the agent), opened on first use and kept, as
+/// NVIDIA's device plugin keeps its own: loading and initialising NVML for every reconcile and
+/// health check costs time (`nvmlInit` can take seconds on a node without persistence mode) and
+/// memory. After any error the session is dropped, so the next use opens a fresh one (a driver
+/// reloaded under the agent leaves the old session useless). NVML is thread-safe; clones share
+/// the session.
+#[derive(Clone)]
+pub struct SharedGpus {
+    library: Option<PathBuf>,
+    open: Arc<Mutex<Option<Arc<Gpus>>>>,
+}
+
+impl std::fmt::Debug for SharedGpus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedGpus")
+            .field("library", &self.library)
+            .field("open", &self.lock().is_some())
+            .finish()
+    }
+}
+
+impl SharedGpus {
+    /// Nothing is loaded until the first [`SharedGpus::with`].
+    pub fn new(library: Option<PathBuf>) -> Self {
+        SharedGpus {
+            library,
+            open: Arc::default(),
+        }
+    }
+
+    /// Run `f` on the session, opening it if needed.
+    pub fn with<T, E: From<GpuError>>(
+        &self,
+        f: impl FnOnce(&Gpus) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let gpus = self.session()?;
+        let result = f(&gpus);
+        if result.is_err() {
+            *self.lock() = None;
+        }
+        result
+    }
+
+    fn session(&self) -> Result<Arc<Gpus>, GpuError> {
+        let mut open = self.lock();
+        if let Some(gpus) = &*open {
+            return Ok(gpus.clone());
+        }
+        let gpus = Arc::new(Gpus::open(self.library.as_deref())?);
+        *open = Some(gpus.clone());
+        Ok(gpus)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<Gpus>>> {
+        // A panic while holding the lock leaves only an Option behind: still usable.
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Gpus {
