@@ -155,6 +155,12 @@ pub struct AgentArgs {
           default_value = crate::builtin_plugin::cdi::DEFAULT_ANNOTATION_PREFIX,
           value_parser = crate::builtin_plugin::cdi::parse_annotation_prefix)]
     pub cdi_annotation_prefix: String,
+    /// builtin: a command run after each apply that changed the MIG layout (and once after the
+    /// agent starts), before the new devices are advertised, so the CDI spec names the new MIG
+    /// devices; split on whitespace. E.g. `nvidia-ctk cdi generate
+    /// --output=/var/run/cdi/nvidia.yaml --device-name-strategy=uuid`.
+    #[arg(long, env = "GPU_SHARE_CDI_REFRESH_COMMAND", value_name = "COMMAND")]
+    pub cdi_refresh_command: Option<String>,
 }
 
 /// How the device plugin picks up a new config.
@@ -277,6 +283,12 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             })
         }),
         node_write_failures: Default::default(),
+        cdi_refresh: args
+            .cdi_refresh_command
+            .as_deref()
+            .map(|c| c.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default(),
+        cdi_refresh_owed: true.into(),
     };
     let doctor_ok = start_up_checks(&args, &reconciler).await;
     release_forgotten_slot(&reconciler).await;

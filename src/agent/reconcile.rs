@@ -71,6 +71,11 @@ pub struct Reconciler {
     /// left at its end fail it with `ApiError`, so it is retried with backoff rather than
     /// leaving a stale state or our cordon until the next resync or label change.
     pub node_write_failures: Mutex<Vec<String>>,
+    /// `--cdi-refresh-command`, split into words; empty when not given.
+    pub cdi_refresh: Vec<String>,
+    /// Set at start and by each MIG change, cleared when the CDI refresh command succeeds: a
+    /// failed refresh is retried by the next reconcile.
+    pub cdi_refresh_owed: std::sync::atomic::AtomicBool,
 }
 
 /// How a reconcile ended.
@@ -344,6 +349,7 @@ impl Reconciler {
             self.restart_plugin_pods().await;
         }
         if let Some(plugins) = &self.plugins {
+            self.refresh_cdi(!report.steps.is_empty()).await?;
             // Advertise what was just applied, with the device UUIDs NVML now shows.
             let observed = self.observe().await.map_err(|e| failed("GpuError", e))?;
             let inventory = Inventory::from_plan(
@@ -354,6 +360,27 @@ impl Reconciler {
             );
             plugins.update(inventory).await;
         }
+        Ok(())
+    }
+
+    /// Run the CDI refresh command when one is configured and owed (after a MIG change, or
+    /// not yet since the agent started, or failed before).
+    async fn refresh_cdi(&self, mig_changed: bool) -> Result<(), Outcome> {
+        use std::sync::atomic::Ordering;
+        if self.cdi_refresh.is_empty() {
+            return Ok(());
+        }
+        if mig_changed {
+            self.cdi_refresh_owed.store(true, Ordering::SeqCst);
+        }
+        if !self.cdi_refresh_owed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        crate::builtin_plugin::cdi::refresh(&self.cdi_refresh)
+            .await
+            .map_err(|e| failed("CdiRefreshFailed", e))?;
+        info!(command = %self.cdi_refresh.join(" "), "CDI spec refreshed");
+        self.cdi_refresh_owed.store(false, Ordering::SeqCst);
         Ok(())
     }
 

@@ -189,8 +189,73 @@ pub fn check_kind(kind: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The longest a CDI refresh command may run.
+pub const REFRESH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Run the operator's CDI refresh command (`--cdi-refresh-command`, split on whitespace, e.g.
+/// `nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml --device-name-strategy=uuid`) so
+/// the CDI spec names the MIG devices a reconfiguration created: the runtime refuses a
+/// container whose CDI device is not in a spec. NVIDIA's MIG manager does the same after a MIG
+/// change (its `refresh-cdi` hook, nvidia-stack.md §2.4). The error quotes the command and the
+/// end of its output.
+pub async fn refresh(command: &[String]) -> Result<(), String> {
+    let Some((program, args)) = command.split_first() else {
+        return Ok(());
+    };
+    let shown = command.join(" ");
+    let run = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(REFRESH_TIMEOUT, run)
+        .await
+        .map_err(|_| {
+            format!(
+                "`{shown}` did not finish within {} s",
+                REFRESH_TIMEOUT.as_secs()
+            )
+        })?
+        .map_err(|e| format!("cannot run `{shown}`: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let output = String::from_utf8_lossy(&out.stderr) + String::from_utf8_lossy(&out.stdout);
+    let output = output.trim();
+    // The end of the output says why; at most about 400 bytes of it.
+    let start = output
+        .char_indices()
+        .map(|(i, _)| i)
+        .find(|&i| output.len() - i <= 400)
+        .unwrap_or(output.len());
+    Err(format!(
+        "`{shown}` failed ({}): {}",
+        out.status,
+        &output[start..]
+    ))
+}
+
 #[cfg(test)]
 mod tests {
+    #[tokio::test]
+    async fn a_refresh_that_fails_quotes_the_command_and_its_output() {
+        let ok = ["true".to_string()];
+        assert_eq!(super::refresh(&ok).await, Ok(()));
+        assert_eq!(super::refresh(&[]).await, Ok(()));
+        let failing: Vec<String> = ["sh", "-c", "echo no such spec dir >&2; exit 3"]
+            .map(String::from)
+            .to_vec();
+        let e = super::refresh(&failing).await.unwrap_err();
+        assert!(
+            e.starts_with("`sh -c echo no such spec dir >&2; exit 3` failed"),
+            "{e}"
+        );
+        assert!(e.ends_with("no such spec dir"), "{e}");
+        let missing = ["/nonexistent/nvidia-ctk".to_string()];
+        let e = super::refresh(&missing).await.unwrap_err();
+        assert!(e.starts_with("cannot run `/nonexistent/nvidia-ctk`"), "{e}");
+    }
+
     use super::*;
     use DeviceListStrategy::{CdiAnnotations, CdiCri, Envvar};
 
