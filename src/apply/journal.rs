@@ -40,16 +40,10 @@ impl Journal {
         }
     }
 
-    /// Write atomically: a temp file in the same directory, fsync, rename, fsync the directory.
-    /// A crash leaves either the old journal or the new one, never half of one.
+    /// Write atomically (see [`write_json_atomically`]): a crash leaves either the old journal
+    /// or the new one, never half of one.
     pub fn save(&self, state_dir: &Path) -> std::io::Result<()> {
-        fs::create_dir_all(state_dir)?;
-        let mut tmp = tempfile::NamedTempFile::new_in(state_dir)?;
-        serde_json::to_writer_pretty(&mut tmp, self)?;
-        tmp.as_file_mut().flush()?;
-        tmp.as_file().sync_all()?;
-        tmp.persist(Self::path(state_dir)).map_err(|e| e.error)?;
-        fs::File::open(state_dir)?.sync_all()
+        write_json_atomically(state_dir, FILE, self)
     }
 
     /// Remove the journal once the node matches.
@@ -59,4 +53,20 @@ impl Journal {
             _ => Ok(()),
         }
     }
+}
+
+/// Write `value` as JSON to `state_dir/file` atomically: a temp file in the same directory,
+/// fsync, rename, fsync the directory. A crash leaves either the old file or the new one.
+pub(crate) fn write_json_atomically(
+    state_dir: &Path,
+    file: &str,
+    value: &impl Serialize,
+) -> std::io::Result<()> {
+    fs::create_dir_all(state_dir)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(state_dir)?;
+    serde_json::to_writer_pretty(&mut tmp, value)?;
+    tmp.as_file_mut().flush()?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(state_dir.join(file)).map_err(|e| e.error)?;
+    fs::File::open(state_dir)?.sync_all()
 }

@@ -5,7 +5,12 @@
 //! instance (or a GPU whose MIG mode changes) with running processes is not touched unless
 //! forced, and the PIDs are named; a MIG mode change the driver leaves pending is reported as
 //! needing a reset, not as applied; after the steps the node is read back and must match.
+//!
+//! Then the sharing: whole GPUs shared through MPS are put in EXCLUSIVE_PROCESS compute mode
+//! ([`compute_mode`]), the MPS daemons are reconciled, GPUs that left MPS go back to DEFAULT, and
+//! the device-plugin config is published.
 
+pub mod compute_mode;
 mod journal;
 
 use std::path::PathBuf;
@@ -13,6 +18,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 use tracing::{info, warn};
 
+pub use compute_mode::ComputeModeReport;
 pub use journal::Journal;
 
 use crate::builtin_plugin::PluginKind;
@@ -67,6 +73,8 @@ pub struct ApplyReport {
     pub plugin_reloaded: Option<i32>,
     /// MPS daemons started, restarted and stopped.
     pub mps: MpsReport,
+    /// Compute modes set for MPS (EXCLUSIVE_PROCESS) and back (DEFAULT), and those NVML refused.
+    pub compute_mode: ComputeModeReport,
     pub plan: NodePlan,
 }
 
@@ -115,6 +123,8 @@ pub enum ApplyError {
     Reload(#[from] ReloadError),
     #[error(transparent)]
     Mps(#[from] MpsError),
+    #[error(transparent)]
+    ComputeModeRecord(#[from] compute_mode::RecordError),
 }
 
 fn busy_message(busy: &[Busy]) -> String {
@@ -162,12 +172,13 @@ pub fn apply(
         plugin_config_written: false,
         plugin_reloaded: None,
         mps: MpsReport::default(),
+        compute_mode: ComputeModeReport::default(),
         plan: node_plan,
     };
     if todo.is_empty() {
         info!(profile = name, "the GPUs already match the profile");
         remove_journal(opts)?;
-        share(&mut report, &observed, opts)?;
+        share(gpus, &mut report, &observed, opts)?;
         return Ok(report);
     }
     let mut journal = Journal {
@@ -195,13 +206,15 @@ pub fn apply(
     if report.reset_required.is_empty() {
         remove_journal(opts)?;
     }
-    share(&mut report, &observed, opts)?;
+    share(gpus, &mut report, &observed, opts)?;
     Ok(report)
 }
 
-/// After the MIG layout: the MPS daemons the plan needs (the plugin waits for them), then the
-/// device-plugin config.
+/// After the MIG layout: EXCLUSIVE_PROCESS on whole MPS GPUs, the MPS daemons the plan needs
+/// (the plugin waits for them), DEFAULT back on GPUs that left MPS, then the device-plugin
+/// config. A compute mode NVML refuses is a warning in the report, never a reason to stop.
 fn share(
+    gpus: &Gpus,
     report: &mut ApplyReport,
     observed: &ObservedNode,
     opts: &ApplyOptions,
@@ -226,9 +239,13 @@ fn share(
             warn!("{why}");
         }
     }
+    let mut modes =
+        compute_mode::Executor::new(gpus, &opts.state_dir, &report.plan, &observed.gpus)?;
+    modes.before_mps(&mut report.compute_mode)?;
     if !specs.is_empty() || settings.root.exists() {
         report.mps = daemon::reconcile(&settings, &specs)?;
     }
+    modes.after_mps(&mut report.compute_mode)?;
     publish_plugin_config(report, opts)
 }
 

@@ -276,6 +276,19 @@ pub(super) fn applied(report: &ApplyReport) -> String {
             ""
         }
     );
+    for c in &report.compute_mode.changed {
+        let _ = writeln!(
+            out,
+            "GPU {} ({}): compute mode {} -> {}",
+            c.gpu,
+            c.uuid,
+            c.from.map_or("unknown", |m| m.name()),
+            c.to
+        );
+    }
+    for f in &report.compute_mode.failed {
+        let _ = writeln!(out, "warning: {}", f.message);
+    }
     if report.plugin_config_written {
         out.push_str("device-plugin config written\n");
     }
@@ -306,9 +319,12 @@ fn gpu_status(out: &mut String, gpu: &ObservedGpu) {
             on_off(m.pending)
         ),
     };
+    let compute = gpu
+        .compute_mode
+        .map_or(String::new(), |m| format!("  compute mode {m}"));
     let _ = writeln!(
         out,
-        "GPU {}  {}  {}  {}  {} MiB  {mig}",
+        "GPU {}  {}  {}  {}  {} MiB  {mig}{compute}",
         gpu.index,
         gpu.product,
         gpu.uuid.as_deref().unwrap_or("-"),

@@ -1,4 +1,5 @@
-//! The one door to NVML: read the node's GPUs and change their MIG configuration.
+//! The one door to NVML: read the node's GPUs and change their MIG configuration and compute
+//! mode.
 //!
 //! Built on nvml-wrapper; the MIG calls it lacks go through [`raw`], the only unsafe code. The
 //! library path is configurable (`--nvml-lib` / `GPU_SHARE_NVML_LIB`), so tests point the real
@@ -65,6 +66,82 @@ pub struct GpuProcess {
     pub gi_id: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ci_id: Option<u32>,
+}
+
+/// `nvmlComputeMode_t`: which processes may open a CUDA context on a GPU. Named as `nvidia-smi
+/// -c` names them. Not persistent on Linux: a reboot or driver reload brings back `DEFAULT`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ComputeMode {
+    /// Any number of contexts from any processes.
+    Default,
+    /// One context, one thread at a time (support removed by NVIDIA).
+    ExclusiveThread,
+    /// No context at all.
+    Prohibited,
+    /// Contexts of one process only: with MPS, the MPS server's.
+    ExclusiveProcess,
+}
+
+impl ComputeMode {
+    /// `DEFAULT`, `EXCLUSIVE_PROCESS`, … as `nvidia-smi -c` takes them.
+    pub fn name(self) -> &'static str {
+        match self {
+            ComputeMode::Default => "DEFAULT",
+            ComputeMode::ExclusiveThread => "EXCLUSIVE_THREAD",
+            ComputeMode::Prohibited => "PROHIBITED",
+            ComputeMode::ExclusiveProcess => "EXCLUSIVE_PROCESS",
+        }
+    }
+
+    fn from_wrapper(mode: nvml_wrapper::enum_wrappers::device::ComputeMode) -> Self {
+        use nvml_wrapper::enum_wrappers::device::ComputeMode as W;
+        match mode {
+            W::Default => ComputeMode::Default,
+            W::ExclusiveThread => ComputeMode::ExclusiveThread,
+            W::Prohibited => ComputeMode::Prohibited,
+            W::ExclusiveProcess => ComputeMode::ExclusiveProcess,
+        }
+    }
+
+    fn to_wrapper(self) -> nvml_wrapper::enum_wrappers::device::ComputeMode {
+        use nvml_wrapper::enum_wrappers::device::ComputeMode as W;
+        match self {
+            ComputeMode::Default => W::Default,
+            ComputeMode::ExclusiveThread => W::ExclusiveThread,
+            ComputeMode::Prohibited => W::Prohibited,
+            ComputeMode::ExclusiveProcess => W::ExclusiveProcess,
+        }
+    }
+}
+
+impl std::fmt::Display for ComputeMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The `NVML_ERROR_*` name of an error nvml-wrapper mapped, for messages that must name the
+/// NVML error (`NVML_ERROR_NOT_SUPPORTED`); errors that are not NVML return codes keep their text.
+pub fn nvml_error_name(e: &NvmlError) -> String {
+    let name = match e {
+        NvmlError::Uninitialized => "UNINITIALIZED",
+        NvmlError::InvalidArg => "INVALID_ARGUMENT",
+        NvmlError::NotSupported => "NOT_SUPPORTED",
+        NvmlError::NoPermission => "NO_PERMISSION",
+        NvmlError::NotFound => "NOT_FOUND",
+        NvmlError::DriverNotLoaded => "DRIVER_NOT_LOADED",
+        NvmlError::Timeout => "TIMEOUT",
+        NvmlError::GpuLost => "GPU_IS_LOST",
+        NvmlError::ResetRequired => "RESET_REQUIRED",
+        NvmlError::OperatingSystem => "OPERATING_SYSTEM",
+        NvmlError::InUse => "IN_USE",
+        NvmlError::Unknown => "UNKNOWN",
+        other => return other.to_string(),
+    };
+    format!("NVML_ERROR_{name}")
 }
 
 /// What a MIG mode change did.
@@ -220,6 +297,9 @@ impl Gpus {
             Err(NvmlError::NotSupported) => None,
             Err(source) => return Err(wrap("read MIG mode")(source)),
         };
+        // Unreadable (NOT_SUPPORTED on some GPUs; newer nvml.h wants a MIG device handle once MIG
+        // is on) is not an error: the mode is then unknown.
+        let compute_mode = dev.compute_mode().ok().map(ComputeMode::from_wrapper);
         let mut gpu = ObservedGpu {
             index,
             uuid: Some(dev.uuid().map_err(wrap("read UUID"))?),
@@ -227,6 +307,7 @@ impl Gpus {
             pci_bus_id: Some(dev.pci_info().map_err(wrap("read PCI info"))?.bus_id),
             product,
             mig,
+            compute_mode,
             instances: Vec::new(),
             compute_instances: Vec::new(),
             processes: Vec::new(),
@@ -356,6 +437,18 @@ impl Gpus {
                 activation_status: status,
             })
         }
+    }
+
+    /// Set the compute mode of whole GPU `index` (needs root; NOT_SUPPORTED on some GPUs, and
+    /// EXCLUSIVE_PROCESS in MIG mode). Takes effect at once; lost on reboot or driver reload.
+    pub fn set_compute_mode(&self, index: u32, mode: ComputeMode) -> Result<(), GpuError> {
+        let mut dev = self.device(index)?;
+        dev.set_compute_mode(mode.to_wrapper())
+            .map_err(|source| GpuError::Wrapper {
+                index,
+                what: "set compute mode",
+                source,
+            })
     }
 
     /// Create a GPU instance of `profile` at `placement`, then its default compute instance,

@@ -4,7 +4,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::gpu::{GpuProcess, ObservedComputeInstance};
+use crate::gpu::{ComputeMode, GpuProcess, ObservedComputeInstance};
 use crate::mig::{catalog, ExistingInstance};
 
 /// Every GPU on one node.
@@ -31,6 +31,10 @@ pub struct ObservedGpu {
     /// MIG mode; absent when the GPU cannot do MIG.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig: Option<MigMode>,
+    /// `nvmlDeviceGetComputeMode`; absent when NVML could not say (or in files written before
+    /// gpu-share read it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_mode: Option<ComputeMode>,
     /// GPU instances that exist now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(with = "Vec<serde_json::Value>")]
@@ -73,6 +77,7 @@ impl ObservedGpu {
             memory_mib: model.map(|m| m.total_memory_mib),
             pci_bus_id: None,
             mig: model.map(|_| MigMode::default()),
+            compute_mode: None,
             instances: Vec::new(),
             compute_instances: Vec::new(),
             processes: Vec::new(),

@@ -21,7 +21,9 @@ pub mod state;
 
 pub use faults::{read_log, LogEntry};
 pub use sim::Change;
-pub use state::{ComputeInstance, Gpu, GpuInstance, MigActivation, MigMode, Place, Process, State};
+pub use state::{
+    ComputeInstance, ComputeMode, Gpu, GpuInstance, MigActivation, MigMode, Place, Process, State,
+};
 
 /// File name of the built library.
 pub const LIB_FILE: &str = "libnvidia_ml.so";

@@ -6,7 +6,7 @@ use gpu_share::mig::catalog::{catalog, ComputeInstanceProfile, GpuInstanceProfil
 
 use crate::codes::*;
 use crate::model::{default_placement_order, gi_id_for, is_ampere, uuid_from};
-use crate::state::{ComputeInstance, Gpu, GpuInstance, MigActivation, MigMode, Place};
+use crate::state::{ComputeInstance, ComputeMode, Gpu, GpuInstance, MigActivation, MigMode, Place};
 
 /// `NVML_GPU_INSTANCE_PROFILE_COUNT` of nvml.h 13.3 (18); nvml-wrapper-sys 0.10 says 17.
 pub const GI_PROFILE_COUNT: u32 = 18;
@@ -23,6 +23,7 @@ pub enum Change {
     RemoveGi(u32),
     AddCi(u32, ComputeInstance),
     RemoveCi(u32, u32),
+    SetComputeMode(ComputeMode),
 }
 
 /// A GI's profile together with its model, as most lookups need both.
@@ -111,6 +112,20 @@ impl Gpu {
         let free = p.placements.iter().filter(|pl| pl.mask() & occupied == 0);
         let left = p.instance_count.saturating_sub(self.gi_count(profile_id));
         Ok((free.count() as u32).min(left))
+    }
+
+    /// `nvmlDeviceSetComputeMode` with a raw `nvmlComputeMode_t`: a value beyond the enum →
+    /// INVALID_ARGUMENT (nvml.h); EXCLUSIVE_THREAD ("support removed" in nvml.h) → NOT_SUPPORTED
+    /// (inferred); EXCLUSIVE_PROCESS while MIG mode is on → NOT_SUPPORTED (MIG User Guide:
+    /// "not supported when the GPU is in MIG mode", mig-nvml.md §5; the return code is inferred).
+    pub fn plan_set_compute_mode(&self, value: u32) -> Result<Change, Ret> {
+        let mode = ComputeMode::from_value(value).ok_or(INVALID_ARGUMENT)?;
+        let in_mig = self.mig.is_some_and(|m| m.current);
+        match mode {
+            ComputeMode::ExclusiveThread => Err(NOT_SUPPORTED),
+            ComputeMode::ExclusiveProcess if in_mig => Err(NOT_SUPPORTED),
+            _ => Ok(Change::SetComputeMode(mode)),
+        }
     }
 
     /// `nvmlDeviceSetMigMode`: the call succeeds and returns the activation status. Pending takes
@@ -280,6 +295,7 @@ impl Gpu {
                     g.compute_instances.retain(|c| c.id != ci);
                 }
             }
+            Change::SetComputeMode(m) => self.compute_mode = m,
         }
     }
 

@@ -64,6 +64,9 @@ pub struct Gpu {
     /// How a MIG mode change takes effect; absent = by architecture (Ampere needs a reset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_activation: Option<MigActivation>,
+    /// `nvmlDeviceGetComputeMode` / `nvmlDeviceSetComputeMode`; absent = `default`.
+    #[serde(default, skip_serializing_if = "ComputeMode::is_default")]
+    pub compute_mode: ComputeMode,
     #[serde(default)]
     pub gpu_instances: Vec<GpuInstance>,
     #[serde(default)]
@@ -79,6 +82,56 @@ pub struct Gpu {
 pub struct MigMode {
     pub current: bool,
     pub pending: bool,
+}
+
+/// `nvmlComputeMode_t`, by value: `default` 0, `exclusive_thread` 1 (support removed),
+/// `prohibited` 2, `exclusive_process` 3.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputeMode {
+    #[default]
+    Default,
+    ExclusiveThread,
+    Prohibited,
+    ExclusiveProcess,
+}
+
+impl ComputeMode {
+    /// The `NVML_COMPUTEMODE_*` value.
+    pub fn value(self) -> u32 {
+        match self {
+            ComputeMode::Default => 0,
+            ComputeMode::ExclusiveThread => 1,
+            ComputeMode::Prohibited => 2,
+            ComputeMode::ExclusiveProcess => 3,
+        }
+    }
+
+    /// From an `NVML_COMPUTEMODE_*` value; `None` beyond the enum.
+    pub fn from_value(v: u32) -> Option<ComputeMode> {
+        [
+            ComputeMode::Default,
+            ComputeMode::ExclusiveThread,
+            ComputeMode::Prohibited,
+            ComputeMode::ExclusiveProcess,
+        ]
+        .into_iter()
+        .find(|m| m.value() == v)
+    }
+
+    /// `NVML_COMPUTEMODE_EXCLUSIVE_PROCESS`, for the log.
+    pub fn name(self) -> &'static str {
+        match self {
+            ComputeMode::Default => "NVML_COMPUTEMODE_DEFAULT",
+            ComputeMode::ExclusiveThread => "NVML_COMPUTEMODE_EXCLUSIVE_THREAD",
+            ComputeMode::Prohibited => "NVML_COMPUTEMODE_PROHIBITED",
+            ComputeMode::ExclusiveProcess => "NVML_COMPUTEMODE_EXCLUSIVE_PROCESS",
+        }
+    }
+
+    fn is_default(&self) -> bool {
+        *self == ComputeMode::Default
+    }
 }
 
 /// What `nvmlDeviceSetMigMode` does when the GPU is idle.
@@ -228,6 +281,7 @@ impl Gpu {
             pci_bus_id: String::new(),
             mig: None,
             mig_activation: None,
+            compute_mode: ComputeMode::Default,
             gpu_instances: Vec::new(),
             processes: Vec::new(),
             mig_uuids_issued: 0,
@@ -250,6 +304,12 @@ impl Gpu {
 
     pub fn with_activation(mut self, a: MigActivation) -> Gpu {
         self.mig_activation = Some(a);
+        self
+    }
+
+    /// A compute mode set beforehand (by an administrator's `nvidia-smi -c`).
+    pub fn with_compute_mode(mut self, m: ComputeMode) -> Gpu {
+        self.compute_mode = m;
         self
     }
 

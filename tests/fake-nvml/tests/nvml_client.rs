@@ -677,3 +677,77 @@ fn changes_to_the_state_file_are_seen_by_a_running_client() {
         run.assert_passed();
     }
 }
+
+#[test]
+fn compute_modes_are_kept_logged_and_refused_as_nvml_does() {
+    use nvidia_ml::ComputeMode;
+    use nvml_wrapper::enum_wrappers::device::ComputeMode as Mode;
+    let state = State::with_gpus([
+        Gpu::non_mig("NVIDIA L4", 23034),
+        enabled("h100"),
+        Gpu::non_mig("NVIDIA L4", 23034).with_compute_mode(ComputeMode::Prohibited),
+    ]);
+    let env = [("FAKE_NVML_FAIL", "nvmlDeviceSetComputeMode:2:NOT_SUPPORTED")];
+    let run = scenario(
+        "compute_modes_are_kept_logged_and_refused_as_nvml_does",
+        state,
+        &env,
+        || {
+            let nvml = open();
+            let dev = |i| nvml.device_by_index(i).unwrap();
+            assert_eq!(dev(0).compute_mode().unwrap(), Mode::Default);
+            assert_eq!(dev(2).compute_mode().unwrap(), Mode::Prohibited);
+            dev(0).set_compute_mode(Mode::ExclusiveProcess).unwrap();
+            assert_eq!(dev(0).compute_mode().unwrap(), Mode::ExclusiveProcess);
+            // The second set is the injected failure, and changes nothing.
+            assert!(matches!(
+                dev(0).set_compute_mode(Mode::Default),
+                Err(NvmlError::NotSupported)
+            ));
+            assert_eq!(dev(0).compute_mode().unwrap(), Mode::ExclusiveProcess);
+            // MIG mode on: EXCLUSIVE_PROCESS is refused, DEFAULT is not.
+            assert!(matches!(
+                dev(1).set_compute_mode(Mode::ExclusiveProcess),
+                Err(NvmlError::NotSupported)
+            ));
+            dev(1).set_compute_mode(Mode::Default).unwrap();
+            // A value beyond nvmlComputeMode_t.
+            let set = sym!(nvml, nvmlDeviceSetComputeMode);
+            // SAFETY: a device handle of this Nvml, passed by value.
+            let rc = unsafe { set(dev(2).handle(), 7) };
+            assert_eq!(rc, nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(dev(2).compute_mode().unwrap(), Mode::Prohibited);
+        },
+    );
+    let Some(run) = run else { return };
+    run.assert_passed();
+    let modes: Vec<ComputeMode> = run.state.gpus.iter().map(|g| g.compute_mode).collect();
+    assert_eq!(
+        modes,
+        [
+            ComputeMode::ExclusiveProcess,
+            ComputeMode::Default,
+            ComputeMode::Prohibited
+        ]
+    );
+    let sets: Vec<(Option<usize>, &str, bool)> = run
+        .logged("nvmlDeviceSetComputeMode")
+        .iter()
+        .map(|e| (e.gpu, e.result.as_str(), e.injected))
+        .collect();
+    assert_eq!(
+        sets,
+        [
+            (Some(0), "NVML_SUCCESS", false),
+            (None, "NVML_ERROR_NOT_SUPPORTED", true),
+            (Some(1), "NVML_ERROR_NOT_SUPPORTED", false),
+            (Some(1), "NVML_SUCCESS", false),
+            (Some(2), "NVML_ERROR_INVALID_ARGUMENT", false),
+        ]
+    );
+    let first = &run.logged("nvmlDeviceSetComputeMode")[0];
+    assert_eq!(
+        first.args["mode_name"],
+        "NVML_COMPUTEMODE_EXCLUSIVE_PROCESS"
+    );
+}

@@ -308,6 +308,29 @@ exports! {
         unsafe { put(status, activation) }
     }
 
+    /// The GPU's mode as the state file has it (default DEFAULT). MIG device handles get
+    /// NOT_SUPPORTED: per-MIG-device compute modes are not simulated.
+    fn nvmlDeviceGetComputeMode(s, device: nvmlDevice_t, mode: *mut nvmlComputeMode_t) {
+        let Dev::Phys(i) = s.device(device)? else {
+            return Err(NOT_SUPPORTED);
+        };
+        let m = s.gpu(i)?.compute_mode.value();
+        // SAFETY: caller's pointers.
+        unsafe { put(mode, m) }
+    }
+
+    /// A mutation (logged, persisted); the refusals are in `sim.rs` (`plan_set_compute_mode`).
+    fn nvmlDeviceSetComputeMode(s, device: nvmlDevice_t, mode: nvmlComputeMode_t) {
+        let Dev::Phys(i) = s.device(device)? else {
+            return Err(NOT_SUPPORTED);
+        };
+        let name = ComputeMode::from_value(mode).map_or("invalid", ComputeMode::name);
+        let args = json!({ "mode": mode, "mode_name": name });
+        let plan = s.gpu(i)?.plan_set_compute_mode(mode);
+        s.mutate("nvmlDeviceSetComputeMode", i, args, (None, None), plan)?;
+        Ok(())
+    }
+
     /// Zero when MIG is unsupported or disabled (nvml.h).
     fn nvmlDeviceGetMaxMigDeviceCount(s, device: nvmlDevice_t, count: *mut c_uint) {
         let g = s.gpu(s.phys(device)?)?;

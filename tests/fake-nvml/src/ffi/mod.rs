@@ -25,7 +25,7 @@ use crate::faults::{self, LogEntry};
 use crate::model::mig_device_profile_name;
 use crate::model::{ci_profile_name, ci_sm_count, gi_engines, gi_memory_mib};
 use crate::sim::{Change, GiProfile};
-use crate::state::{Gpu, Place, State};
+use crate::state::{ComputeMode, Gpu, Place, State};
 
 const MIB: u64 = 1 << 20;
 /// `gpuInstanceId`/`computeInstanceId` of a process outside MIG.
@@ -38,6 +38,7 @@ const MUTATIONS: &[&str] = &[
     "nvmlGpuInstanceCreateComputeInstance",
     "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
     "nvmlComputeInstanceDestroy",
+    "nvmlDeviceSetComputeMode",
 ];
 
 /// `NVML_STRUCT_VERSION(data, ver)`: bindgen drops the macro, so compute it.
