@@ -16,14 +16,11 @@
 //! `-- transitions`. Counts: `GPU_SHARE_BENCH_CHANGES` (100), `GPU_SHARE_BENCH_MIG_CHANGES`
 //! (10), `GPU_SHARE_BENCH_RECONCILES` (1000). See benches/README.md.
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube_double::KubeDouble;
-use support::*;
+use node_sim::*;
 
 /// Two profiles that differ only in time-slicing replicas: switching needs no MIG change.
 fn time_slicing(replicas: u32) -> String {
@@ -293,7 +290,7 @@ fn transition(from: &'static str, to: &'static str) -> Row {
 }
 
 fn transitions() {
-    let rows: Vec<Row> = support::transitions()
+    let rows: Vec<Row> = node_sim::transitions()
         .into_iter()
         .map(|(from, to)| {
             let row = transition(from, to);
@@ -357,8 +354,10 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let want = |name: &str| picks.is_empty() || picks.iter().any(|p| name.contains(p.as_str()));
+    // No MPS profile here, and `cargo bench` does not build the fake MPS control daemon.
+    mps_control_optional();
     println!("# gpu-share agent figures\n\nmachine: {}", machine());
-    println!("agent: {}", gpu_share_bin());
+    println!("agent: {}", gpu_share_bin().display());
     if want("latency") {
         latency();
     }

@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,25 +15,19 @@ use gpu_share::builtin_plugin::api::{
     ListAndWatchResponse, PreferredAllocationRequest, RegisterRequest,
 };
 use kube_double::{fixtures, KubeDouble};
-use nvidia_ml::{cdylib_path, Gpu, State};
+use node_sim::{h100s, profile_text, AgentNode, CM, NS, PROFILE_LABEL};
+use nvidia_ml::{Gpu, State};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
-const NS: &str = "gpu-share";
-const CM: &str = "gpu-share-profiles";
 const KEY: &str = "mixed";
-const PROFILE_LABEL: &str = "gpu-share.dev/profile";
 const GPU: &str = "nvidia.com/gpu";
 const MIG: &str = "nvidia.com/mig-1g.10gb";
 
-fn profile_text() -> String {
-    std::fs::read_to_string(format!(
-        "{}/profiles/builtin/h100-mixed-sharing.yaml",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap()
+fn mixed_profile() -> String {
+    profile_text("builtin/h100-mixed-sharing")
 }
 
 /// The kubelet's Registration service: records every request.
@@ -91,6 +84,11 @@ async fn plugin(socket: PathBuf) -> DevicePluginClient<Channel> {
     DevicePluginClient::new(channel)
 }
 
+/// The plugin's ListAndWatch stream.
+async fn watch(plugin: &mut DevicePluginClient<Channel>) -> Streaming<ListAndWatchResponse> {
+    plugin.list_and_watch(Empty {}).await.unwrap().into_inner()
+}
+
 async fn next_list(stream: &mut Streaming<ListAndWatchResponse>) -> ListAndWatchResponse {
     tokio::time::timeout(Duration::from_secs(20), stream.message())
         .await
@@ -130,56 +128,31 @@ fn allocate_one(ids: &[&str]) -> AllocateRequest {
     }
 }
 
-struct Agent {
-    child: Child,
-    log: PathBuf,
+/// Node `gpu-1` with `gpus`, at the API double with the profile `key` in the ConfigMap, and its
+/// device-plugin directory (where the fake kubelet serves `kubelet.sock`).
+fn builtin_node(
+    api: &Arc<KubeDouble>,
+    gpus: Vec<Gpu>,
+    key: &str,
+    profile: &str,
+) -> (AgentNode, PathBuf) {
+    api.put_configmap(fixtures::configmap(NS, CM, &[(key, profile)]));
+    let node = AgentNode::new(api, "gpu-1", gpus);
+    let dp = node.path("device-plugins");
+    std::fs::create_dir_all(&dp).unwrap();
+    (node, dp)
 }
 
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Agent {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-fn start_agent(dir: &Path, api: &KubeDouble) -> Agent {
-    start_agent_with(dir, api, &[])
-}
-
-fn start_agent_with(dir: &Path, api: &KubeDouble, extra: &[&str]) -> Agent {
-    api.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
-    let log = dir.join("agent.log");
-    let child = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
-        .args(["agent", "--plugin", "builtin"])
+/// `gpu-share agent --plugin builtin` with `extra` flags on `node`, serving `dp`.
+fn start_builtin_agent(node: &mut AgentNode, dp: &Path, extra: &[&str]) {
+    let mut cmd = node.agent_command();
+    cmd.args(["agent", "--plugin", "builtin"])
         .args(extra)
         .args(["--plugin-health-ms", "200", "--kubelet-poll-ms", "100"])
         .args(["--lease-duration-secs", "2"])
         .arg("--device-plugin-dir")
-        .arg(dir.join("device-plugins"))
-        .env("KUBECONFIG", dir.join("kubeconfig"))
-        .env("NODE_NAME", "gpu-1")
-        .env("POD_NAMESPACE", NS)
-        .env("GPU_SHARE_NVML_LIB", cdylib_path())
-        .env("FAKE_NVML_STATE", dir.join("nvml.json"))
-        .env("GPU_SHARE_STATE_DIR", dir.join("state"))
-        .env("GPU_SHARE_PLUGIN_RELOAD", "none")
-        .env("GPU_SHARE_PROC_ROOT", dir.join("proc"))
-        .env("GPU_SHARE_HOST_ROOT", dir.join("host"))
-        .env("GPU_SHARE_MPS_CONTROL", fake_mps_control::binary_path())
-        .env("GPU_SHARE_MPS_ROOT", dir.join("mps"))
-        .env("GPU_SHARE_LISTEN", "127.0.0.1:0")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    Agent { child, log }
+        .arg(dp);
+    node.spawn(cmd);
 }
 
 #[test]
@@ -189,35 +162,15 @@ fn builtin_plugin_serves_a_mixed_profile_to_the_kubelet() {
 }
 
 async fn scenario() {
-    let dir = tempfile::tempdir().unwrap();
-    let dp = dir.path().join("device-plugins");
-    std::fs::create_dir_all(&dp).unwrap();
-    std::fs::create_dir_all(dir.path().join("proc")).unwrap();
-    // GPUs 0-1 in MIG mode (no instances yet), 2-5 whole.
-    let gpus: Vec<Gpu> = (0..6)
-        .map(|i| {
-            let g = Gpu::mig("h100");
-            if i < 2 {
-                g.mig_enabled()
-            } else {
-                g
-            }
-        })
-        .collect();
-    let nvml = dir.path().join("nvml.json");
-    State::with_gpus(gpus).write_to(&nvml).unwrap();
-
     let api = Arc::new(KubeDouble::start());
-    api.put_configmap(fixtures::configmap(
-        NS,
-        CM,
-        &[(KEY, profile_text().as_str())],
-    ));
-    api.put_node(fixtures::node("gpu-1", &[]));
+    // GPUs 0-1 in MIG mode (no instances yet), 2-5 whole.
+    let gpus = [h100s(2, true), h100s(4, false)].concat();
+    let (mut node, dp) = builtin_node(&api, gpus, KEY, &mixed_profile());
+    let nvml = node.nvml_state();
 
     let kubelet = FakeKubelet::default();
     let mut kubelet_server = kubelet.serve(&dp);
-    let agent = start_agent(dir.path(), &api);
+    start_builtin_agent(&mut node, &dp, &[]);
     api.set_node_label("gpu-1", PROFILE_LABEL, Some(KEY));
 
     // Registration: one endpoint per resource, named like NVIDIA's sockets.
@@ -230,7 +183,7 @@ async fn scenario() {
         .into_iter()
         .map(|r| (r.resource_name.clone(), r))
         .collect();
-    assert_eq!(regs.len(), 2, "{regs:?}\n{}", agent.log());
+    assert_eq!(regs.len(), 2, "{regs:?}\n{}", node.log());
     assert_eq!(regs[GPU].endpoint, "nvidia-gpu.sock");
     assert_eq!(regs[MIG].endpoint, "nvidia-mig-1g.10gb.sock");
     for r in regs.values() {
@@ -254,16 +207,8 @@ async fn scenario() {
         .unwrap()
         .into_inner();
     assert!(options.get_preferred_allocation_available);
-    let mut gpu_stream = gpu_plugin
-        .list_and_watch(Empty {})
-        .await
-        .unwrap()
-        .into_inner();
-    let mut mig_stream = mig_plugin
-        .list_and_watch(Empty {})
-        .await
-        .unwrap()
-        .into_inner();
+    let mut gpu_stream = watch(&mut gpu_plugin).await;
+    let mut mig_stream = watch(&mut mig_plugin).await;
     let gpus = next_list(&mut gpu_stream).await;
     let migs = next_list(&mut mig_stream).await;
     assert_eq!(gpus.devices.len(), 2 * 4 + 2 * 8, "{gpus:?}");
@@ -349,7 +294,7 @@ async fn scenario() {
     assert_eq!(c.mounts[0].container_path, "/mps/nvidia.com/gpu/pipe");
     assert_eq!(
         PathBuf::from(&c.mounts[0].host_path),
-        dir.path().join("mps/nvidia.com/gpu/pipe")
+        node.path("mps/nvidia.com/gpu/pipe")
     );
     // Two MPS replicas: refused as the NVIDIA plugin does (failRequestsGreaterThanOne).
     let refused = gpu_plugin
@@ -396,23 +341,15 @@ async fn scenario() {
     );
     let mut gpu_plugin = plugin(dp.join("nvidia-gpu.sock")).await;
     let mut mig_plugin = plugin(dp.join("nvidia-mig-1g.10gb.sock")).await;
-    let mut gpu_stream = gpu_plugin
-        .list_and_watch(Empty {})
-        .await
-        .unwrap()
-        .into_inner();
-    let mut mig_stream = mig_plugin
-        .list_and_watch(Empty {})
-        .await
-        .unwrap()
-        .into_inner();
+    let mut gpu_stream = watch(&mut gpu_plugin).await;
+    let mut mig_stream = watch(&mut mig_plugin).await;
     assert_eq!(next_list(&mut gpu_stream).await.devices.len(), 24);
     assert_eq!(next_list(&mut mig_stream).await.devices.len(), 14);
 
     // A profile change (time-slicing × 4 → × 2): new lists on the open stream.
     let changed =
-        profile_text().replace("timeSlicing: {replicas: 4}", "timeSlicing: {replicas: 2}");
-    assert_ne!(changed, profile_text());
+        mixed_profile().replace("timeSlicing: {replicas: 4}", "timeSlicing: {replicas: 2}");
+    assert_ne!(changed, mixed_profile());
     api.update_configmap_key(NS, CM, KEY, Some(&changed));
     let list = list_until(&mut gpu_stream, |l| l.devices.len() == 2 * 2 + 2 * 8).await;
     assert!(list.devices.iter().all(|d| d.health == "Healthy"));
@@ -434,7 +371,7 @@ async fn scenario() {
         .collect();
     assert_eq!(unhealthy, [gone.as_str()]);
     drop(kubelet_server);
-    drop(agent);
+    drop(node);
 }
 
 /// A small node for the tests below: GPU 0 in MIG mode (seven 1g.10gb), GPU 1 whole and not
@@ -451,49 +388,29 @@ rules:
     timeSlicing: {replicas: 4}
 ";
 
-/// Fields drop in order: the agent first, the temp dir last.
+/// The node (its agent killed first) drops before the fake kubelet and the API double.
 struct SmallNode {
-    agent: Agent,
+    sim: AgentNode,
     dp: PathBuf,
     nvml: PathBuf,
     _kubelet_server: tokio::sync::oneshot::Sender<()>,
     _api: Arc<KubeDouble>,
-    _dir: tempfile::TempDir,
 }
 
 /// Start the agent (with `extra` flags) on [`SMALL_PROFILE`] and wait for its two registrations.
 async fn small_node(extra: &[&str]) -> SmallNode {
-    let gpus = (0..3).map(|i| {
-        let g = Gpu::mig("h100");
-        if i == 0 {
-            g.mig_enabled()
-        } else {
-            g
-        }
-    });
+    let gpus = [h100s(1, true), h100s(2, false)].concat();
     node_with(SMALL_PROFILE, gpus, extra, &[GPU, MIG]).await
 }
 
 /// Start the agent (with `extra` flags) on `profile` over `gpus`, and wait until each of
 /// `resources` is registered.
-async fn node_with(
-    profile: &str,
-    gpus: impl IntoIterator<Item = Gpu>,
-    extra: &[&str],
-    resources: &[&str],
-) -> SmallNode {
-    let dir = tempfile::tempdir().unwrap();
-    let dp = dir.path().join("device-plugins");
-    std::fs::create_dir_all(&dp).unwrap();
-    std::fs::create_dir_all(dir.path().join("proc")).unwrap();
-    let nvml = dir.path().join("nvml.json");
-    State::with_gpus(gpus).write_to(&nvml).unwrap();
+async fn node_with(profile: &str, gpus: Vec<Gpu>, extra: &[&str], resources: &[&str]) -> SmallNode {
     let api = Arc::new(KubeDouble::start());
-    api.put_configmap(fixtures::configmap(NS, CM, &[("small", profile)]));
-    api.put_node(fixtures::node("gpu-1", &[]));
+    let (mut sim, dp) = builtin_node(&api, gpus, "small", profile);
     let kubelet = FakeKubelet::default();
     let kubelet_server = kubelet.serve(&dp);
-    let agent = start_agent_with(dir.path(), &api, extra);
+    start_builtin_agent(&mut sim, &dp, extra);
     api.set_node_label("gpu-1", PROFILE_LABEL, Some("small"));
     wait_for("the registrations", Duration::from_secs(60), || {
         kubelet.registrations().len() >= resources.len()
@@ -509,15 +426,14 @@ async fn node_with(
             .iter()
             .all(|r| registered.contains(&r.to_string())),
         "{registered:?}\n{}",
-        agent.log()
+        sim.log()
     );
     SmallNode {
-        agent,
+        nvml: sim.nvml_state(),
+        sim,
         dp,
-        nvml,
         _kubelet_server: kubelet_server,
         _api: api,
-        _dir: dir,
     }
 }
 
@@ -530,11 +446,7 @@ fn cdi_cri_names_gpus_replicas_and_mig_devices_by_uuid() {
         let uuid = |i: usize| state.gpus[i].uuid.clone();
         let mut gpu_plugin = plugin(node.dp.join("nvidia-gpu.sock")).await;
         let mut mig_plugin = plugin(node.dp.join("nvidia-mig-1g.10gb.sock")).await;
-        let mut stream = gpu_plugin
-            .list_and_watch(Empty {})
-            .await
-            .unwrap()
-            .into_inner();
+        let mut stream = watch(&mut gpu_plugin).await;
         let ids: Vec<String> = next_list(&mut stream)
             .await
             .devices
@@ -609,22 +521,22 @@ fn sigterm_removes_only_the_agents_sockets_and_exits_zero() {
             assert!(s.exists(), "{}", s.display());
         }
 
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(node.agent.child.id()).unwrap());
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(node.sim.agent_pid()).unwrap());
         let sent = Instant::now();
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
         let status = loop {
-            if let Some(status) = node.agent.child.try_wait().unwrap() {
+            if let Some(status) = node.sim.agent.as_mut().unwrap().try_wait().unwrap() {
                 break status;
             }
             assert!(
                 sent.elapsed() < Duration::from_secs(10),
                 "the agent still runs 10 s after SIGTERM\n{}",
-                node.agent.log()
+                node.sim.log()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         let took = sent.elapsed();
-        assert!(status.success(), "{status:?}\n{}", node.agent.log());
+        assert!(status.success(), "{status:?}\n{}", node.sim.log());
         for s in &ours {
             assert!(!s.exists(), "{} is left behind", s.display());
         }
@@ -632,9 +544,9 @@ fn sigterm_removes_only_the_agents_sockets_and_exits_zero() {
         assert!(foreign_socket.exists());
         assert_eq!(std::fs::read_to_string(&foreign_file).unwrap(), "keep");
         assert!(
-            node.agent.log().contains("sockets removed"),
+            node.sim.log().contains("sockets removed"),
             "{}",
-            node.agent.log()
+            node.sim.log()
         );
         eprintln!("SIGTERM to exit: {took:?}");
     });
@@ -645,24 +557,10 @@ fn mps_inside_mig_devices_sends_each_client_to_its_devices_daemon() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         const RESOURCE: &str = "nvidia.com/mig-3g.40gb";
-        let profile = std::fs::read_to_string(format!(
-            "{}/profiles/builtin/h100-mps-in-mig.yaml",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .unwrap();
-        let node = node_with(
-            &profile,
-            [Gpu::mig("h100"), Gpu::mig("h100")],
-            &[],
-            &[RESOURCE],
-        )
-        .await;
+        let profile = profile_text("builtin/h100-mps-in-mig");
+        let node = node_with(&profile, h100s(2, false), &[], &[RESOURCE]).await;
         let mut mig_plugin = plugin(node.dp.join("nvidia-mig-3g.40gb.sock")).await;
-        let mut stream = mig_plugin
-            .list_and_watch(Empty {})
-            .await
-            .unwrap()
-            .into_inner();
+        let mut stream = watch(&mut mig_plugin).await;
         // 2 GPUs × 2 × 3g.40gb, each advertised as 4 MPS clients.
         let list = list_until(&mut stream, |l| l.devices.len() == 16).await;
         let mig_uuids: Vec<String> = State::read_from(&node.nvml)
@@ -699,13 +597,7 @@ fn mps_inside_mig_devices_sends_each_client_to_its_devices_daemon() {
             c.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"],
             format!("0={}M", 40448 / 4)
         );
-        let host_pipe = node
-            ._dir
-            .path()
-            .join("mps")
-            .join(RESOURCE)
-            .join(uuid)
-            .join("pipe");
+        let host_pipe = node.sim.path("mps").join(RESOURCE).join(uuid).join("pipe");
         assert_eq!(c.mounts[0].container_path, pipe);
         assert_eq!(c.mounts[0].host_path, host_pipe.display().to_string());
         assert_eq!(c.mounts[1].container_path, "/dev/shm");
@@ -713,7 +605,7 @@ fn mps_inside_mig_devices_sends_each_client_to_its_devices_daemon() {
         assert!(
             host_pipe.join("nvidia-cuda-mps-control.pid").exists(),
             "{}",
-            node.agent.log()
+            node.sim.log()
         );
 
         // The daemon dies: its four clients are marked Unhealthy, the other devices stay.

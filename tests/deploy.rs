@@ -13,12 +13,10 @@
 //! - The DaemonSet's env and mounts match the agent's flags; the profiles ConfigMap validates.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cel_interpreter::{Context, Program, Value as Cel};
@@ -33,12 +31,13 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use kube_double::{fixtures, KubeDouble, RequestRecord};
-use nvidia_ml::{cdylib_path, Gpu, Process, State};
+use node_sim::{
+    gpu_share_bin, wait_applied, AgentNode, Workload, PROFILE_LABEL, REASON, STATE_LABEL,
+};
+use nvidia_ml::Gpu;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
-const PROFILE_LABEL: &str = "gpu-share.dev/profile";
-const STATE_LABEL: &str = "gpu-share.dev/profile.state";
 /// Env vars in the agent container that the NVIDIA container runtime reads, not gpu-share.
 const RUNTIME_ENV: [&str; 4] = [
     "NVIDIA_VISIBLE_DEVICES",
@@ -1125,18 +1124,6 @@ fn the_admission_policy_compiles_and_lets_the_agent_change_only_its_own_fields()
 // The agent, run as the DaemonSet configures it, against the API double
 // ---------------------------------------------------------------------------------------------
 
-fn profile_text(name: &str) -> String {
-    std::fs::read_to_string(root().join(format!("profiles/{name}.yaml"))).unwrap()
-}
-
-fn sha256(text: &str) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 fn container<'a>(pod: &'a PodSpec, name: &str) -> &'a Container {
     pod.containers
         .iter()
@@ -1159,44 +1146,22 @@ fn pod_spec(objects: &[Value]) -> (DaemonSet, PodSpec) {
     (ds, pod)
 }
 
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Agent {
-    fn log(&self) -> String {
-        let mut s = String::new();
-        std::fs::File::open(&self.log)
-            .unwrap()
-            .read_to_string(&mut s)
-            .unwrap();
-        s
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// `gpu-share agent` with the DaemonSet's args and env. Only what must point into the test's
-/// fixtures changes: host paths, the fake NVML and MPS control, the listen address; the
-/// downward-API values are what the kubelet would fill in.
-fn start_agent(pod: &PodSpec, node: &str, namespace: &str, dir: &Path, kubeconfig: &Path) -> Agent {
+/// `gpu-share agent` with the DaemonSet's args and env, as `node`'s agent. Only what must point
+/// into the test's fixtures changes: host paths, the fake NVML and MPS control, the listen
+/// address (the overrides here and [`AgentNode::fixture_env`]); the downward-API values are what
+/// the kubelet would fill in.
+fn start_agent(pod: &PodSpec, node: &mut AgentNode, namespace: &str) {
     let c = container(pod, "agent");
     let overrides: BTreeMap<&str, PathBuf> = [
-        ("GPU_SHARE_STATE_DIR", dir.join("state")),
-        ("GPU_SHARE_PLUGIN_CONFIG", dir.join("plugin/config.yaml")),
-        ("GPU_SHARE_PROC_ROOT", dir.join("proc")),
-        ("GPU_SHARE_MPS_ROOT", dir.join("mps")),
+        ("GPU_SHARE_STATE_DIR", node.path("state")),
+        ("GPU_SHARE_PLUGIN_CONFIG", node.plugin_config()),
+        ("GPU_SHARE_PROC_ROOT", node.path("proc")),
+        ("GPU_SHARE_MPS_ROOT", node.path("mps")),
         ("GPU_SHARE_LISTEN", PathBuf::from("127.0.0.1:0")),
     ]
     .into_iter()
     .collect();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-share"));
+    let mut cmd = Command::new(gpu_share_bin());
     cmd.args(c.args.iter().flatten())
         // Test speed: short leases, fast retries.
         .args([
@@ -1214,7 +1179,7 @@ fn start_agent(pod: &PodSpec, node: &str, namespace: &str, dir: &Path, kubeconfi
                 .map(|p| p.display().to_string())
                 .unwrap_or_else(|| v.clone()),
             (None, Some(from)) => match from.field_ref.as_ref().unwrap().field_path.as_str() {
-                "spec.nodeName" => node.to_string(),
+                "spec.nodeName" => node.name.clone(),
                 "metadata.namespace" => namespace.to_string(),
                 other => panic!("downward API field {other} is not simulated here"),
             },
@@ -1225,81 +1190,12 @@ fn start_agent(pod: &PodSpec, node: &str, namespace: &str, dir: &Path, kubeconfi
     for name in overrides.keys() {
         assert!(env_value(c, name).is_some(), "the DaemonSet sets {name}");
     }
-    let log = dir.join("agent.log");
-    let child = cmd
-        .env("KUBECONFIG", kubeconfig)
-        .env("GPU_SHARE_NVML_LIB", cdylib_path())
-        .env("FAKE_NVML_STATE", dir.join("nvml.json"))
-        .env("GPU_SHARE_HOST_ROOT", dir.join("host"))
-        .env("GPU_SHARE_MPS_CONTROL", fake_mps_control::binary_path())
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    Agent { child, log }
+    node.fixture_env(&mut cmd);
+    node.spawn(cmd);
 }
 
 fn label(api: &KubeDouble, node: &str, key: &str) -> Option<String> {
     api.node(node)?.metadata.labels?.get(key).cloned()
-}
-
-fn annotation(api: &KubeDouble, node: &str, key: &str) -> Option<String> {
-    api.node(node)?.metadata.annotations?.get(key).cloned()
-}
-
-fn wait_applied(api: &KubeDouble, node: &str, profile: &str, agent: &Agent) {
-    let hash = sha256(&profile_text(profile));
-    let ok = api.wait_until(Duration::from_secs(40), |a| {
-        label(a, node, STATE_LABEL).as_deref() == Some("success")
-            && annotation(a, node, "gpu-share.dev/profile.applied-hash").as_deref()
-                == Some(hash.as_str())
-    });
-    assert!(
-        ok,
-        "{profile} not applied: state {:?}, reason {:?}\n{}",
-        label(api, node, STATE_LABEL),
-        annotation(api, node, "gpu-share.dev/profile.reason"),
-        agent.log()
-    );
-}
-
-/// Processes of deleted pods leave NVML, as when the kubelet stops their containers.
-fn run_kubelet(
-    api: Arc<KubeDouble>,
-    node: String,
-    nvml: PathBuf,
-    workloads: Arc<Mutex<BTreeMap<u32, String>>>,
-    alive: Arc<AtomicBool>,
-) {
-    std::thread::spawn(move || {
-        while alive.load(Ordering::SeqCst) {
-            let uids: Vec<String> = api
-                .pods_on(&node)
-                .iter()
-                .filter_map(|p| p.metadata.uid.clone())
-                .collect();
-            let gone: Vec<u32> = workloads
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|(_, uid)| !uids.contains(uid))
-                .map(|(pid, _)| *pid)
-                .collect();
-            if !gone.is_empty() {
-                let mut s = State::read_from(&nvml).unwrap();
-                for g in &mut s.gpus {
-                    g.processes.retain(|p| !gone.contains(&p.pid));
-                }
-                s.write_to(&nvml).unwrap();
-                workloads
-                    .lock()
-                    .unwrap()
-                    .retain(|pid, _| !gone.contains(pid));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    });
 }
 
 /// Every update of `node` since `since`, replayed from the double's watch history.
@@ -1361,92 +1257,42 @@ fn rbac_grants_exactly_what_the_agent_uses_and_the_policy_admits_its_node_writes
         .annotations
         .as_mut()
         .unwrap()
-        .remove("gpu-share.dev/profile.reason");
+        .remove(REASON);
     api.put_node(fixture_node);
     let since = api.resource_version();
     let first = api.node(node).unwrap();
 
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    State::with_gpus(vec![Gpu::mig("h100").mig_enabled()])
-        .write_to(d.join("nvml.json"))
-        .unwrap();
-    let host = d.join("host");
-    std::fs::create_dir_all(host.join("proc/driver/nvidia")).unwrap();
-    std::fs::write(
-        host.join("proc/driver/nvidia/version"),
-        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 06:54:38 UTC 2025\n",
-    )
-    .unwrap();
-    std::fs::create_dir_all(host.join("dev")).unwrap();
-    for dev in ["nvidiactl", "nvidia0", "nvidia-uvm"] {
-        std::fs::write(host.join("dev").join(dev), "").unwrap();
-    }
+    let mut sim = AgentNode::for_node(&api, node, vec![Gpu::mig("h100").mig_enabled()]);
     // The device plugin, as the agent finds it through /proc: a process whose argv[0] is the
     // DaemonSet's plugin command. The agent's SIGHUP ends it, which shows it was signalled.
     let plugin_c = container(&pod, "device-plugin");
     let mut plugin = Command::new("sleep").arg("600").spawn().unwrap();
-    let plugin_proc = d.join(format!("proc/{}", plugin.id()));
+    let plugin_proc = sim.path(&format!("proc/{}", plugin.id()));
     std::fs::create_dir_all(&plugin_proc).unwrap();
     std::fs::write(
         plugin_proc.join("cmdline"),
         format!("{}\0", plugin_c.command.as_ref().unwrap()[0]),
     )
     .unwrap();
-    api.write_kubeconfig(&d.join("kubeconfig")).unwrap();
-    let workloads = Arc::new(Mutex::new(BTreeMap::new()));
-    let alive = Arc::new(AtomicBool::new(true));
-    run_kubelet(
-        api.clone(),
-        node.to_string(),
-        d.join("nvml.json"),
-        workloads.clone(),
-        alive.clone(),
-    );
 
-    let agent = start_agent(&pod, node, &namespace, d, &d.join("kubeconfig"));
+    start_agent(&pod, &mut sim, &namespace);
     // A profile with MIG changes: drain slot, cordon, apply, uncordon.
     api.set_node_label(node, PROFILE_LABEL, Some("h100-balanced"));
-    wait_applied(&api, node, "h100-balanced", &agent);
-    // A pod on an instance the next profile keeps and one on an instance it destroys.
-    let gi_at = |start: u32| {
-        State::read_from(d.join("nvml.json")).unwrap().gpus[0]
-            .gpu_instances
-            .iter()
-            .find(|g| g.placement.start == start)
-            .unwrap()
-            .id
-    };
-    // PIDs above Linux's pid_max, so they never name a real process.
-    for (pod_name, pid, gi) in [
-        ("stays", 5_000_001, gi_at(0)),
-        ("moves", 5_000_002, gi_at(4)),
-    ] {
-        let p = api.put_pod(fixtures::gpu_pod(
-            "ml",
-            pod_name,
-            node,
-            &[("app", pod_name)],
-            "nvidia.com/mig-1g.10gb",
-            1,
-        ));
-        let uid = p.metadata.uid.unwrap();
-        let proc_dir = d.join(format!("proc/{pid}"));
-        std::fs::create_dir_all(&proc_dir).unwrap();
-        std::fs::write(
-            proc_dir.join("cgroup"),
-            format!("0::/kubepods/besteffort/pod{uid}/c0ffee\n"),
-        )
-        .unwrap();
-        let mut s = State::read_from(d.join("nvml.json")).unwrap();
-        s.gpus[0].processes.push(Process::on_mig(pid, 1024, gi, 0));
-        s.write_to(d.join("nvml.json")).unwrap();
-        workloads.lock().unwrap().insert(pid, uid);
-    }
+    wait_applied(&api, &sim, "h100-balanced", Duration::from_secs(40));
+    // A pod on an instance the next profile keeps and one on an instance it destroys. PIDs
+    // above Linux's pid_max, so they never name a real process.
+    sim.add_workloads_in(
+        &api,
+        "ml",
+        &[
+            Workload::on_mig("stays", 5_000_001, 0, sim.gi_at(0, 0)),
+            Workload::on_mig("moves", 5_000_002, 0, sim.gi_at(0, 4)),
+        ],
+    );
     api.set_node_label(node, PROFILE_LABEL, Some("h100-inference"));
-    wait_applied(&api, node, "h100-inference", &agent);
+    wait_applied(&api, &sim, "h100-inference", Duration::from_secs(40));
     let evicted: Vec<String> = api.evictions().iter().map(|e| e.pod.clone()).collect();
-    assert_eq!(evicted, ["moves"], "{}", agent.log());
+    assert_eq!(evicted, ["moves"], "{}", sim.log());
     // No label: the agent drops its state and leaves the GPUs alone.
     api.set_node_label(node, PROFILE_LABEL, None);
     assert!(
@@ -1455,8 +1301,7 @@ fn rbac_grants_exactly_what_the_agent_uses_and_the_policy_admits_its_node_writes
     );
     std::thread::sleep(Duration::from_millis(500));
     let requests = api.requests();
-    drop(agent);
-    alive.store(false, Ordering::SeqCst);
+    drop(sim);
     let plugin_status = plugin.try_wait().unwrap();
     let _ = plugin.kill();
     let _ = plugin.wait();

@@ -20,55 +20,21 @@
 //! mutation of every transition of the suite (20, 8 GPUs), and 10,000 mutated parser inputs.
 //!
 //! The simulated node (fake NVML state, host fixtures, simulated kubelet) is shared with the
-//! whole-process benchmarks: `benches/support/mod.rs`.
+//! other tests and the whole-process benchmarks: the `node-sim` crate (tests/node-sim).
 
-#[path = "../benches/support/mod.rs"]
-mod support;
-
+use std::path::{Path, PathBuf};
+use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use kube_double::{fixtures, EvictionOutcome, Fault, KubeDouble, Verb};
-use support::*;
+use node_sim::*;
 
 // -------------------------------------------------------------------------------------------
 // Crash at every mutation, then convergence
 // -------------------------------------------------------------------------------------------
-
-/// Crash `apply` (the fake NVML calls `abort()`) right before each mutation of the transition
-/// `from → to` on `gpus` H100s, then `apply --resume`: every run must converge on `to` with
-/// nothing orphaned. Returns the number of crash points.
-fn crash_at_every_mutation(from: &str, to: &str, gpus: usize) -> usize {
-    let what = format!("{from} → {to} on {gpus} GPUs");
-    let clean = CliNode::new(h100s(gpus, true));
-    clean.apply_ok(from);
-    let start = clean.fake_state();
-    let before = clean.mutations().len();
-    clean.apply_ok(to);
-    let total = clean.mutations().len() - before;
-    clean.assert_matches(to, &what);
-
-    for k in 1..=total {
-        let what = format!("{what}, crash before mutation {k}/{total}");
-        let node = CliNode::with_state(start.clone());
-        let out = node.gpu_share(
-            &["apply", "--profile", &profile_path(to)],
-            &[("FAKE_NVML_ABORT_AT_MUTATION", k.to_string())],
-        );
-        assert!(!out.status.success(), "{what}: the run should have aborted");
-        assert_eq!(
-            node.mutations().len(),
-            k - 1,
-            "{what}: mutations persisted before the abort"
-        );
-        assert!(node.journal().exists(), "{what}: no journal left");
-        let out = node.gpu_share(&["apply", "--resume"], &[]);
-        assert!(out.status.success(), "{what}: resume: {}", text(&out));
-        node.assert_matches(to, &what);
-        assert!(!node.journal().exists(), "{what}: journal not removed");
-    }
-    total
-}
+// `crash_at_every_mutation` (node-sim) crashes `apply` right before each mutation of a
+// transition, then runs `apply --resume`: every run must converge with nothing orphaned.
 
 #[test]
 fn a_crash_at_every_mutation_of_a_sample_of_transitions_converges() {
@@ -80,7 +46,7 @@ fn a_crash_at_every_mutation_of_a_sample_of_transitions_converges() {
         ("exclusive", "a100-80gb-single"),
         ("h100-balanced", "homelab-timeslice"),
     ] {
-        points += crash_at_every_mutation(from, to, 2);
+        points += crash_at_every_mutation(from, to, 2, |_, _, _| {});
     }
     eprintln!("3 transitions on 2 GPUs: {points} crash points, all converged");
     assert!(points >= 30, "{points} crash points");
@@ -91,7 +57,7 @@ fn a_crash_at_every_mutation_of_a_sample_of_transitions_converges() {
 fn a_crash_at_every_mutation_of_every_transition_converges() {
     let mut points = 0;
     for (from, to) in transitions() {
-        let n = crash_at_every_mutation(from, to, 8);
+        let n = crash_at_every_mutation(from, to, 8, |_, _, _| {});
         eprintln!("{from} → {to}: {n} crash points converged");
         points += n;
     }
@@ -144,6 +110,12 @@ fn balanced_node_with_pods(
     node
 }
 
+/// Ask for h100-inference and wait until the agent drains (the guarded `moves` holds it there).
+fn drain_for_inference(api: &KubeDouble, node: &AgentNode) {
+    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-inference"));
+    wait_state(api, node, "draining", Duration::from_secs(30));
+}
+
 /// The three promises, for a node that ends on profile `settled` (its layout is checked),
 /// where only `affected` pods may be evicted and every `bystanders` pod must still run.
 fn assert_promises(
@@ -192,15 +164,8 @@ fn assert_budget_respected(api: &KubeDouble, pod: &str, allowed_from: Option<Sys
 fn watch_drops_and_api_errors_during_a_drain_are_survived() {
     let api = Arc::new(KubeDouble::start());
     let node = balanced_node_with_pods(&api, "gpu-faults", &[], &[]);
-    api.put_pdb(fixtures::pdb_min_available(
-        "default",
-        "moves",
-        &[("app", "moves")],
-        1,
-    ));
-
-    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-inference"));
-    wait_state(&api, &node, "draining", Duration::from_secs(30));
+    guard(&api, "moves", "moves");
+    drain_for_inference(&api, &node);
     assert!(
         api.wait_until(Duration::from_secs(10), |a| a
             .evictions()
@@ -262,17 +227,11 @@ fn watch_drops_and_api_errors_during_a_drain_are_survived() {
 fn a_pdb_that_never_allows_eviction_times_out_uncordons_and_changes_nothing() {
     let api = Arc::new(KubeDouble::start());
     let node = balanced_node_with_pods(&api, "gpu-pdb", &["--drain-timeout-secs", "3"], &[]);
-    api.put_pdb(fixtures::pdb_min_available(
-        "default",
-        "moves",
-        &[("app", "moves")],
-        1,
-    ));
+    guard(&api, "moves", "moves");
     let before = node.mutations().len();
     let layout_before = node.nvml();
 
-    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-inference"));
-    wait_state(&api, &node, "draining", Duration::from_secs(30));
+    drain_for_inference(&api, &node);
     assert!(unschedulable(&api, &node.name), "cordoned while draining");
     wait_state(&api, &node, "failed", Duration::from_secs(30));
     let reason = annotation(&api, &node.name, REASON).unwrap();
@@ -317,7 +276,7 @@ fn a_pdb_that_never_allows_eviction_times_out_uncordons_and_changes_nothing() {
 // -------------------------------------------------------------------------------------------
 
 /// A stand-in for the device plugin: a shell that appends a line to `hups` on every SIGHUP.
-fn fake_plugin(hups: &std::path::Path) -> std::process::Child {
+fn fake_plugin(hups: &Path) -> Child {
     std::process::Command::new("sh")
         .arg("-c")
         .arg(format!(
@@ -328,17 +287,24 @@ fn fake_plugin(hups: &std::path::Path) -> std::process::Child {
         .expect("start the stand-in plugin")
 }
 
-fn lines(path: &std::path::Path) -> usize {
+fn lines(path: &Path) -> usize {
     std::fs::read_to_string(path).map_or(0, |s| s.lines().count())
 }
 
-#[test]
-fn a_device_plugin_that_does_not_come_back_fails_the_apply_with_its_pid() {
-    let api = Arc::new(KubeDouble::start());
-    profiles_configmap(&api, &["h100-balanced", "h100-inference"], &[]);
-    let mut node = AgentNode::new(&api, "gpu-plugin", h100s(1, true));
+/// An agent that reloads a stand-in plugin by its pid file, with h100-balanced applied.
+struct SignalledPlugin {
+    node: AgentNode,
+    plugin: Child,
+    pid_file: PathBuf,
+    /// One line per SIGHUP the plugin got.
+    hups: PathBuf,
+}
+
+fn agent_signalling_a_plugin(api: &Arc<KubeDouble>, name: &str) -> SignalledPlugin {
+    profiles_configmap(api, &["h100-balanced", "h100-inference"], &[]);
+    let mut node = AgentNode::new(api, name, h100s(1, true));
     let (pid_file, hups) = (node.path("plugin.pid"), node.path("hups"));
-    let mut plugin = fake_plugin(&hups);
+    let plugin = fake_plugin(&hups);
     std::fs::write(&pid_file, plugin.id().to_string()).unwrap();
     let pid_arg = pid_file.display().to_string();
     node.start_agent(
@@ -346,7 +312,33 @@ fn a_device_plugin_that_does_not_come_back_fails_the_apply_with_its_pid() {
         &[],
     );
     api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-balanced"));
-    wait_applied(&api, &node, "h100-balanced", Duration::from_secs(30));
+    wait_applied(api, &node, "h100-balanced", Duration::from_secs(30));
+    SignalledPlugin {
+        node,
+        plugin,
+        pid_file,
+        hups,
+    }
+}
+
+impl SignalledPlugin {
+    /// The plugin dies and is not restarted (its pid file stays behind), then the label asks
+    /// for h100-inference: the apply fails at the reload. The dead plugin's PID.
+    fn plugin_dies_before_the_next_profile(&mut self, api: &KubeDouble) -> u32 {
+        let dead = self.plugin.id();
+        self.plugin.kill().unwrap();
+        self.plugin.wait().unwrap();
+        api.set_node_label(&self.node.name, PROFILE_LABEL, Some("h100-inference"));
+        wait_state(api, &self.node, "failed", Duration::from_secs(30));
+        dead
+    }
+}
+
+#[test]
+fn a_device_plugin_that_does_not_come_back_fails_the_apply_with_its_pid() {
+    let api = Arc::new(KubeDouble::start());
+    let mut sp = agent_signalling_a_plugin(&api, "gpu-plugin");
+    let hups = sp.hups.clone();
     assert!(
         poll(Duration::from_secs(5), Duration::from_millis(20), || lines(
             &hups
@@ -356,11 +348,8 @@ fn a_device_plugin_that_does_not_come_back_fails_the_apply_with_its_pid() {
     );
 
     // The plugin dies and is not restarted; its pid file stays behind.
-    let dead = plugin.id();
-    plugin.kill().unwrap();
-    plugin.wait().unwrap();
-    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-inference"));
-    wait_state(&api, &node, "failed", Duration::from_secs(30));
+    let dead = sp.plugin_dies_before_the_next_profile(&api);
+    let node = &sp.node;
     let reason = annotation(&api, &node.name, REASON).unwrap();
     assert!(
         reason.contains(&format!("cannot signal the device plugin (PID {dead})")),
@@ -372,7 +361,7 @@ fn a_device_plugin_that_does_not_come_back_fails_the_apply_with_its_pid() {
     );
     // The GPUs were reconfigured and the config written before the signal: the node holds
     // the new layout, nothing orphaned, and the file names the new resources.
-    assert_promises(&api, &node, "h100-inference", &[], &[]);
+    assert_promises(&api, node, "h100-inference", &[], &[]);
     let config = std::fs::read_to_string(node.plugin_config()).unwrap();
     assert!(config.contains("h100-inference"), "{config}");
 }
@@ -380,24 +369,9 @@ fn a_device_plugin_that_does_not_come_back_fails_the_apply_with_its_pid() {
 #[test]
 fn a_failed_device_plugin_reload_is_retried_until_the_plugin_is_back() {
     let api = Arc::new(KubeDouble::start());
-    profiles_configmap(&api, &["h100-balanced", "h100-inference"], &[]);
-    let mut node = AgentNode::new(&api, "gpu-plugin-back", h100s(1, true));
-    let (pid_file, hups) = (node.path("plugin.pid"), node.path("hups"));
-    let mut plugin = fake_plugin(&hups);
-    std::fs::write(&pid_file, plugin.id().to_string()).unwrap();
-    let pid_arg = pid_file.display().to_string();
-    node.start_agent(
-        &["--plugin-reload", "signal", "--plugin-pid-file", &pid_arg],
-        &[],
-    );
-    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-balanced"));
-    wait_applied(&api, &node, "h100-balanced", Duration::from_secs(30));
-
-    let dead = plugin.id();
-    plugin.kill().unwrap();
-    plugin.wait().unwrap();
-    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-inference"));
-    wait_state(&api, &node, "failed", Duration::from_secs(30));
+    let mut sp = agent_signalling_a_plugin(&api, "gpu-plugin-back");
+    let dead = sp.plugin_dies_before_the_next_profile(&api);
+    let (node, pid_file) = (&sp.node, &sp.pid_file);
     let signal_failed = format!("cannot signal the device plugin (PID {dead})");
     // The retry (backoff 5 s) finds the config file already up to date: the reload it still
     // owes must be tried again, and fail again, not be taken as done.
@@ -424,8 +398,8 @@ fn a_failed_device_plugin_reload_is_retried_until_the_plugin_is_back() {
     // once, the profile is applied, and no reload is owed any more.
     let back_hups = node.path("hups-back");
     let mut back = fake_plugin(&back_hups);
-    std::fs::write(&pid_file, back.id().to_string()).unwrap();
-    wait_applied(&api, &node, "h100-inference", Duration::from_secs(30));
+    std::fs::write(pid_file, back.id().to_string()).unwrap();
+    wait_applied(&api, node, "h100-inference", Duration::from_secs(30));
     assert!(
         poll(Duration::from_secs(5), Duration::from_millis(20), || lines(
             &back_hups
@@ -442,7 +416,7 @@ fn a_failed_device_plugin_reload_is_retried_until_the_plugin_is_back() {
     assert!(!node.path("state/device-plugin-reload-owed").exists());
     back.kill().unwrap();
     back.wait().unwrap();
-    assert_promises(&api, &node, "h100-inference", &[], &[]);
+    assert_promises(&api, node, "h100-inference", &[], &[]);
 }
 
 #[test]
@@ -475,7 +449,9 @@ fn an_mps_daemon_killed_with_sigkill_is_restarted_by_the_periodic_resync() {
         node.log()
     );
     assert_eq!(state_of(&api, &node.name).as_deref(), Some("success"));
-    assert!(node.mutations().is_empty(), "no MIG change for MPS");
+    // No MIG change for MPS: only EXCLUSIVE_PROCESS, once per GPU, not again on a resync.
+    let mutations: Vec<String> = node.mutations().into_iter().map(|e| e.function).collect();
+    assert_eq!(mutations, ["nvmlDeviceSetComputeMode"; 2]);
     assert!(api.evictions().is_empty() && !unschedulable(&api, &node.name));
     assert_promises(&api, &node, "h100-mps", &[], &[]);
 }
@@ -792,14 +768,8 @@ fn drain_with_fault(
         &["--drain-timeout-secs", "5", "--api-timeout-secs", "2"],
         &[],
     );
-    api.put_pdb(fixtures::pdb_min_available(
-        "default",
-        "moves",
-        &[("app", "moves")],
-        1,
-    ));
-    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-inference"));
-    wait_state(&api, &node, "draining", Duration::from_secs(30));
+    guard(&api, "moves", "moves");
+    drain_for_inference(&api, &node);
     api.fail_next(verb, resource, count, fault);
     api.remove::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(Some("default"), "moves");
     (api, node)

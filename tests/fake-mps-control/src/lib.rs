@@ -9,8 +9,18 @@ pub const BIN_NAME: &str = "nvidia-cuda-mps-control";
 /// running test executable (tests run from `target/<profile>/deps/`). `cargo test --workspace`
 /// builds it before any test runs; a plain `cargo test -p gpu-share` does not.
 pub fn binary_path() -> PathBuf {
+    find().unwrap_or_else(|| {
+        panic!(
+            "{BIN_NAME} not found above {}: run `cargo test --workspace`, or `cargo build -p fake-mps-control` first",
+            std::env::current_exe().expect("current_exe").display()
+        )
+    })
+}
+
+/// [`binary_path`], or `None` where it has not been built (`cargo bench` does not build it).
+pub fn find() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("FAKE_MPS_CONTROL_BIN") {
-        return PathBuf::from(p);
+        return Some(PathBuf::from(p));
     }
     let exe = std::env::current_exe().expect("current_exe");
     exe.ancestors()
@@ -18,10 +28,4 @@ pub fn binary_path() -> PathBuf {
         .take(3)
         .map(|d| d.join(BIN_NAME))
         .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "{BIN_NAME} not found above {}: run `cargo test --workspace`, or `cargo build -p fake-mps-control` first",
-                exe.display()
-            )
-        })
 }
