@@ -26,6 +26,11 @@ fn profile(name: &str) -> String {
         .to_string()
 }
 
+/// A profile with MIG on every GPU.
+fn mig_everywhere() -> String {
+    profile("tests/data/doctor/mig-everywhere.yaml")
+}
+
 /// A node as files under a temporary root, plus the fake NVML's state.
 struct Node {
     dir: tempfile::TempDir,
@@ -63,6 +68,19 @@ impl Node {
         }
         node.nvml(State::with_gpus(gpus));
         node
+    }
+
+    /// Driver `version` (built `built`) in the kernel module and NVML, with CUDA `cuda` (NVML's
+    /// encoding, 12020 = 12.2), on `gpus`.
+    fn driver(&self, version: &str, built: &str, cuda: i32, gpus: Vec<Gpu>) {
+        self.file(
+            "proc/driver/nvidia/version",
+            &format!("NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  {built}\n"),
+        );
+        let mut state = State::with_gpus(gpus);
+        state.driver_version = version.into();
+        state.cuda_version = cuda;
+        self.nvml(state);
     }
 
     fn root(&self) -> PathBuf {
@@ -123,6 +141,19 @@ impl Node {
     /// The JSON report and the exit code.
     fn doctor(&self, args: &[&str]) -> (Report, i32) {
         self.doctor_env(args, &[])
+    }
+
+    /// The JSON report of a run that must fail (exit 1) at `layer`: every layer before it did
+    /// not fail, every layer after it was skipped.
+    fn fails_at(&self, layer: &str, args: &[&str]) -> Report {
+        self.fails_at_env(layer, args, &[])
+    }
+
+    fn fails_at_env(&self, layer: &str, args: &[&str], env: &[(&str, &str)]) -> Report {
+        let (r, code) = self.doctor_env(args, env);
+        assert_eq!(code, 1, "{}", r.0);
+        r.assert_failed_at(layer);
+        r
     }
 
     fn doctor_env(&self, args: &[&str], env: &[(&str, &str)]) -> (Report, i32) {
@@ -258,9 +289,7 @@ fn healthy_node_passes_every_layer() {
 fn no_driver_fails_at_the_driver_and_checks_nothing_above() {
     let node = Node::bare();
     node.nvml(State::with_gpus(h100x2()));
-    let (r, code) = node.doctor(&[]);
-    assert_eq!(code, 1, "{}", r.0);
-    r.assert_failed_at("driver");
+    let r = node.fails_at("driver", &[]);
     assert!(
         r.said("driver").contains("no NVIDIA kernel module"),
         "{}",
@@ -273,9 +302,7 @@ fn no_driver_fails_at_the_driver_and_checks_nothing_above() {
 fn missing_device_nodes_fail_the_driver_layer() {
     let node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
     node.remove("dev/nvidiactl");
-    let (r, code) = node.doctor(&[]);
-    assert_eq!(code, 1, "{}", r.0);
-    r.assert_failed_at("driver");
+    let r = node.fails_at("driver", &[]);
     assert!(r.said("driver").contains("nvidiactl"), "{}", r.0);
 }
 
@@ -285,9 +312,7 @@ fn driver_library_mismatch_fails_at_nvml() {
     let mut state = State::with_gpus(h100x2());
     state.driver_version = "575.57.08".into();
     node.nvml(state);
-    let (r, code) = node.doctor(&[]);
-    assert_eq!(code, 1, "{}", r.0);
-    r.assert_failed_at("nvml");
+    let r = node.fails_at("nvml", &[]);
     let said = r.said("nvml");
     assert!(said.contains("Driver/library version mismatch"), "{said}");
     assert!(
@@ -300,12 +325,11 @@ fn driver_library_mismatch_fails_at_nvml() {
 #[test]
 fn missing_nvml_fails_at_nvml() {
     let node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
-    let (r, code) = node.doctor_env(
+    let r = node.fails_at_env(
+        "nvml",
         &[],
         &[("GPU_SHARE_NVML_LIB", "/nonexistent/libnvidia-ml.so.1")],
     );
-    assert_eq!(code, 1, "{}", r.0);
-    r.assert_failed_at("nvml");
     let said = r.said("nvml");
     assert!(said.contains("NVML library not found"), "{said}");
     assert!(said.contains("libnvidia-compute-580"), "{said}");
@@ -317,12 +341,7 @@ fn mig_profile_on_a_gpu_without_mig_fails_at_profile() {
         vec![Gpu::non_mig("NVIDIA GeForce RTX 3090", 24576)],
         &["nvidia-gpu.sock"],
     );
-    let (r, code) = node.doctor(&[
-        "--profile",
-        &profile("tests/data/doctor/mig-everywhere.yaml"),
-    ]);
-    assert_eq!(code, 1, "{}", r.0);
-    r.assert_failed_at("profile");
+    let r = node.fails_at("profile", &["--profile", &mig_everywhere()]);
     let said = r.said("profile");
     assert!(said.contains("cannot run MIG"), "{said}");
     assert!(
@@ -334,20 +353,8 @@ fn mig_profile_on_a_gpu_without_mig_fails_at_profile() {
 #[test]
 fn a_driver_too_old_for_mig_on_the_model_fails_at_profile() {
     let node = Node::healthy(h100x2(), &["nvidia-mig-1g.10gb.sock"]);
-    node.file(
-        "proc/driver/nvidia/version",
-        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  520.61.05  Thu Sep 29 05:30:25 UTC 2022\n",
-    );
-    let mut state = State::with_gpus(h100x2());
-    state.driver_version = "520.61.05".into();
-    state.cuda_version = 11080;
-    node.nvml(state);
-    let (r, code) = node.doctor(&[
-        "--profile",
-        &profile("tests/data/doctor/mig-everywhere.yaml"),
-    ]);
-    assert_eq!(code, 1, "{}", r.0);
-    r.assert_failed_at("profile");
+    node.driver("520.61.05", "Thu Sep 29 05:30:25 UTC 2022", 11080, h100x2());
+    let r = node.fails_at("profile", &["--profile", &mig_everywhere()]);
     let said = r.said("profile");
     assert!(said.contains("needs driver ≥ 525.85.12"), "{said}");
     assert!(said.contains("this node runs 520.61.05"), "{said}");
@@ -357,9 +364,7 @@ fn a_driver_too_old_for_mig_on_the_model_fails_at_profile() {
 fn mps_without_its_control_daemon_fails_at_profile() {
     let node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
     let mps = profile("profiles/h100-mps.yaml");
-    let (r, code) = node.doctor(&["--profile", &mps]);
-    assert_eq!(code, 1, "{}", r.0);
-    r.assert_failed_at("profile");
+    let r = node.fails_at("profile", &["--profile", &mps]);
     let said = r.said("profile");
     assert!(
         said.contains("nvidia-cuda-mps-control is not found on PATH"),
@@ -386,9 +391,7 @@ fn mps_without_its_control_daemon_fails_at_profile() {
 fn containerd_without_the_nvidia_runtime_fails_at_container_runtime() {
     let node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
     node.copy("containerd-v2-runc.toml", "etc/containerd/config.toml");
-    let (r, code) = node.doctor(&[]);
-    assert_eq!(code, 1, "{}", r.0);
-    r.assert_failed_at("container-runtime");
+    let r = node.fails_at("container-runtime", &[]);
     let said = r.said("container-runtime");
     assert!(
         said.contains("no NVIDIA runtime (runtimes: runc)"),
@@ -417,9 +420,7 @@ fn a_runtime_in_a_drop_in_counts_only_when_imported() {
         "conf.d-99-nvidia.toml",
         "etc/containerd/conf.d/99-nvidia.toml",
     );
-    let (r, code) = node.doctor(&[]);
-    assert_eq!(code, 1, "{}", r.0);
-    r.assert_failed_at("container-runtime");
+    let r = node.fails_at("container-runtime", &[]);
     assert!(r.said("container-runtime").contains("imports"), "{}", r.0);
 
     node.copy("containerd-v2-imports.toml", "etc/containerd/config.toml");
@@ -434,9 +435,7 @@ fn a_runtime_in_a_drop_in_counts_only_when_imported() {
 #[test]
 fn no_plugin_socket_fails_at_device_plugin() {
     let node = Node::healthy(h100x2(), &[]);
-    let (r, code) = node.doctor(&[]);
-    assert_eq!(code, 1, "{}", r.0);
-    r.assert_failed_at("device-plugin");
+    let r = node.fails_at("device-plugin", &[]);
     assert!(
         r.said("device-plugin").contains("no NVIDIA device plugin"),
         "{}",
@@ -449,9 +448,7 @@ fn no_plugin_socket_fails_at_device_plugin() {
     let mut node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
     node.listen(&format!("{PLUGINS}/unrelated.sock"));
     let mixed = profile("tests/data/doctor/mig-and-timeslice.yaml");
-    let (r, code) = node.doctor(&["--profile", &mixed]);
-    assert_eq!(code, 1, "{}", r.0);
-    r.assert_failed_at("device-plugin");
+    let r = node.fails_at("device-plugin", &["--profile", &mixed]);
     let said = r.said("device-plugin");
     assert!(
         said.contains("nvidia-mig-1g.10gb.sock is missing"),
@@ -465,18 +462,14 @@ fn no_plugin_socket_fails_at_device_plugin() {
 #[test]
 fn a_cuda_too_new_for_the_driver_fails_at_cuda() {
     let node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
-    node.file(
-        "proc/driver/nvidia/version",
-        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n",
+    node.driver(
+        "535.104.05",
+        "Sat Aug 19 01:15:15 UTC 2023",
+        12020,
+        h100x2(),
     );
-    let mut state = State::with_gpus(h100x2());
-    state.driver_version = "535.104.05".into();
-    state.cuda_version = 12020;
-    node.nvml(state);
 
-    let (r, code) = node.doctor(&["--cuda", "13.0"]);
-    assert_eq!(code, 1, "{}", r.0);
-    r.assert_failed_at("cuda");
+    let r = node.fails_at("cuda", &["--cuda", "13.0"]);
     let said = r.said("cuda");
     assert!(said.contains("needs driver ≥ 580.65.06"), "{said}");
     assert!(said.contains("CUDA Toolkit release notes"), "{said}");
@@ -532,15 +525,7 @@ fn jetson_is_recognised_and_nvml_is_skipped_with_a_warning() {
     assert_eq!(r.status("cuda"), "skip");
 
     // MIG or MPS cannot be had on a Jetson.
-    let (r, code) = node.doctor_env(
-        &[
-            "--profile",
-            &profile("tests/data/doctor/mig-everywhere.yaml"),
-        ],
-        &env,
-    );
-    assert_eq!(code, 1, "{}", r.0);
-    r.assert_failed_at("profile");
+    node.fails_at_env("profile", &["--profile", &mig_everywhere()], &env);
     let (r, _) = node.doctor_env(&["--profile", &profile("profiles/h100-mps.yaml")], &env);
     assert_eq!(r.status("profile"), "fail", "{}", r.0);
 }
@@ -557,9 +542,7 @@ fn mps_inside_mig_needs_the_control_daemon_and_is_checked_against_the_driver() {
     let node = Node::healthy(h100x2(), &[]);
     let mps_in_mig = profile("profiles/builtin/h100-mps-in-mig.yaml");
     let args = ["--profile", mps_in_mig.as_str(), "--plugin", "builtin"];
-    let (r, code) = node.doctor(&args);
-    assert_eq!(code, 1, "{}", r.0);
-    r.assert_failed_at("profile");
+    let r = node.fails_at("profile", &args);
     assert!(
         r.said("profile")
             .contains("the profile runs MPS on GPU 0, 1, but the MPS control daemon"),
@@ -580,14 +563,12 @@ fn mps_inside_mig_needs_the_control_daemon_and_is_checked_against_the_driver() {
 
     // An R460 driver (MIG-capable on A100, older than the R470 commonly cited for MPS on MIG):
     // a warning, not a failure, since NVIDIA states no minimum.
-    node.file(
-        "proc/driver/nvidia/version",
-        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  460.106.00  Tue Sep 28 12:05:58 UTC 2021\n",
+    node.driver(
+        "460.106.00",
+        "Tue Sep 28 12:05:58 UTC 2021",
+        11020,
+        vec![Gpu::mig("a100-80gb"); 2],
     );
-    let mut state = State::with_gpus(vec![Gpu::mig("a100-80gb"); 2]);
-    state.driver_version = "460.106.00".into();
-    state.cuda_version = 11020;
-    node.nvml(state);
     let a100 = node.root().join("a100-mps-in-mig.yaml");
     std::fs::write(
         &a100,
@@ -613,9 +594,7 @@ fn the_builtin_plugin_plans_what_nvidia_refuses_and_needs_kubelet_sock_and_the_m
     let mixed = profile("profiles/builtin/h100-mixed-sharing.yaml");
 
     // MIG, time-slicing and MPS side by side: the NVIDIA plugin cannot advertise that.
-    let (r, code) = node.doctor(&["--profile", &mixed]);
-    assert_eq!(code, 1, "{}", r.0);
-    r.assert_failed_at("profile");
+    let r = node.fails_at("profile", &["--profile", &mixed]);
     assert!(
         r.said("profile")
             .contains("the NVIDIA device plugin refuses MPS on a node with MIG devices"),
@@ -700,7 +679,7 @@ fn the_builtin_plugin_plans_what_nvidia_refuses_and_needs_kubelet_sock_and_the_m
 
     // A MIG-only profile needs no MPS tmpfs: it is not looked at.
     node.file("proc/self/mountinfo", "");
-    let mig = profile("tests/data/doctor/mig-everywhere.yaml");
+    let mig = mig_everywhere();
     let (r, _) = node.doctor(&["--profile", &mig, "--plugin", "builtin"]);
     assert!(!r.said("device-plugin").contains("shm"), "{}", r.0);
 }
@@ -709,9 +688,7 @@ fn the_builtin_plugin_plans_what_nvidia_refuses_and_needs_kubelet_sock_and_the_m
 fn the_builtin_plugin_without_the_kubelet_fails_at_device_plugin() {
     let node = Node::healthy(h100x2(), &[]);
     node.remove(&format!("{PLUGINS}/kubelet.sock"));
-    let (r, code) = node.doctor(&["--plugin", "builtin"]);
-    assert_eq!(code, 1, "{}", r.0);
-    r.assert_failed_at("device-plugin");
+    let r = node.fails_at("device-plugin", &["--plugin", "builtin"]);
     assert!(
         r.said("device-plugin")
             .contains("kubelet.sock does not exist"),
@@ -725,7 +702,5 @@ fn the_builtin_plugin_without_the_kubelet_fails_at_device_plugin() {
     assert_eq!(code, 0, "{}", r.0);
     assert_eq!(r.status("device-plugin"), "ok", "{}", r.0);
     // The NVIDIA plugin, by contrast, must have registered.
-    let (r, code) = node.doctor(&[]);
-    assert_eq!(code, 1, "{}", r.0);
-    r.assert_failed_at("device-plugin");
+    node.fails_at("device-plugin", &[]);
 }

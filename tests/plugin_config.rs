@@ -298,11 +298,8 @@ fn apply_writes_the_config_and_reloads_once_and_an_unchanged_profile_sends_nothi
     assert_eq!(std::fs::read_to_string(&config).unwrap(), before);
 }
 
-#[test]
-fn plan_shows_the_difference_from_the_current_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("config.yaml");
-    std::fs::write(&config, rendered("h100-balanced", "h100x8")).unwrap();
+/// `plan` of h100-inference on 8 × H100 against the plugin config in `config`: its stdout.
+fn plan_against(config: &Path) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
         .args([
             "plan",
@@ -312,11 +309,19 @@ fn plan_shows_the_difference_from_the_current_file() {
             "h100x8",
         ])
         .arg("--plugin-config")
-        .arg(&config)
+        .arg(config)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .unwrap();
-    let text = String::from_utf8(out.stdout).unwrap();
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn plan_shows_the_difference_from_the_current_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, rendered("h100-balanced", "h100x8")).unwrap();
+    let text = plan_against(&config);
     assert!(text.contains(": would change"), "{text}");
     assert!(text.contains("+  timeSlicing:"), "{text}");
     assert!(
@@ -327,22 +332,7 @@ fn plan_shows_the_difference_from_the_current_file() {
     );
 
     std::fs::write(&config, rendered("h100-inference", "h100x8")).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
-        .args([
-            "plan",
-            "--profile",
-            "profiles/h100-inference.yaml",
-            "--gpu",
-            "h100x8",
-        ])
-        .arg("--plugin-config")
-        .arg(&config)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap();
-    assert!(String::from_utf8(out.stdout)
-        .unwrap()
-        .contains(": unchanged"));
+    assert!(plan_against(&config).contains(": unchanged"));
 }
 
 #[test]
