@@ -6,8 +6,9 @@
 //! goes straight to applying, without cordon or eviction. Any failure: `failed` with the reason,
 //! an Event, the node uncordoned if we cordoned it, and nothing changed on the GPUs when the
 //! profile or geometry is invalid. A reconcile without a MIG change also lifts a cordon of ours
-//! left behind; a Node write (state, uncordon) that fails fails the reconcile with `ApiError`,
-//! so the retry puts it right. The state dir is checked before the drain slot and the cordon.
+//! left behind; a Node write (state, uncordon) that fails fails the reconcile with `ApiError`
+//! instead of publishing `success` (which would claim a schedulable node), so the retry puts it
+//! right. The state dir is checked before the drain slot and the cordon.
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -115,13 +116,10 @@ impl Reconciler {
             },
             Desired::Profile { key, text } => self.make_match(key, text).await,
         };
-        let write_failures =
-            std::mem::take(&mut *self.node_write_failures.lock().expect("not poisoned"));
-        if !write_failures.is_empty() && !matches!(outcome, Outcome::Failed { .. }) {
-            outcome = Outcome::Failed {
-                reason: "ApiError",
-                message: format!("{}; will retry", write_failures.join("; ")),
-            };
+        if !matches!(outcome, Outcome::Failed { .. }) {
+            if let Some(failed) = self.failed_node_writes() {
+                outcome = failed;
+            }
         }
         if let Outcome::Failed { reason, message } = &outcome {
             self.fail(reason, message).await;
@@ -188,6 +186,11 @@ impl Reconciler {
                 self.metrics.set_profile(Some((key, &hash)));
                 if published && !mig_change {
                     return Outcome::Noop;
+                }
+                // `success` is read as "done, node schedulable": not while a state or the
+                // uncordon of this pass is lost. The retry publishes it.
+                if let Some(failed) = self.failed_node_writes() {
+                    return failed;
                 }
                 self.publish(
                     State::Success,
@@ -448,6 +451,16 @@ impl Reconciler {
                 ));
             }
         }
+    }
+
+    /// The Node writes of this reconcile that failed, as its outcome (`ApiError`, retried with
+    /// backoff); `None` while all went through.
+    fn failed_node_writes(&self) -> Option<Outcome> {
+        let failures = self.node_write_failures.lock().expect("not poisoned");
+        (!failures.is_empty()).then(|| Outcome::Failed {
+            reason: "ApiError",
+            message: format!("{}; will retry", failures.join("; ")),
+        })
     }
 
     fn node_write_failed(&self, what: String) {
