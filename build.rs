@@ -1,11 +1,18 @@
-//! Generates the kubelet device-plugin API (v1beta1) client and server for the built-in device
-//! plugin (`src/builtin_plugin/`). The .proto is parsed by protox, a protobuf compiler written
-//! in Rust, so building needs no system `protoc`.
+//! Generates the kubelet's local gRPC APIs: the device-plugin API (v1beta1) client and server
+//! for the built-in device plugin (`src/builtin_plugin/`), and the PodResources API (v1) with
+//! which the agent finds the pods holding a device (`src/kubelet/`; its server half serves the
+//! tests' fake kubelet). The .protos are parsed by protox, a protobuf compiler written in Rust,
+//! so building needs no system `protoc`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    const PROTO: &str = "proto/deviceplugin-v1beta1.proto";
-    println!("cargo:rerun-if-changed={PROTO}");
-    let descriptors = protox::compile([PROTO], ["proto"])?;
+    const PROTOS: [&str; 2] = [
+        "proto/deviceplugin-v1beta1.proto",
+        "proto/podresources-v1.proto",
+    ];
+    for proto in PROTOS {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let descriptors = protox::compile(PROTOS, ["proto"])?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

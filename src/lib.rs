@@ -15,6 +15,7 @@ pub mod cli;
 pub mod device_plugin;
 pub mod doctor;
 pub mod gpu;
+pub mod kubelet;
 pub mod mig;
 pub mod mps;
 pub mod plan;

@@ -1156,6 +1156,10 @@ fn start_agent(pod: &PodSpec, node: &mut AgentNode, namespace: &str) {
         ("GPU_SHARE_STATE_DIR", node.path("state")),
         ("GPU_SHARE_PLUGIN_CONFIG", node.plugin_config()),
         ("GPU_SHARE_PROC_ROOT", node.path("proc")),
+        (
+            "GPU_SHARE_POD_RESOURCES_SOCKET",
+            node.pod_resources_socket(),
+        ),
         ("GPU_SHARE_MPS_ROOT", node.path("mps")),
         ("GPU_SHARE_LISTEN", PathBuf::from("127.0.0.1:0")),
     ]
@@ -1595,6 +1599,15 @@ fn the_daemonset_env_and_mounts_match_the_agent_flags() {
         assert_eq!(
             host_path(&pod, agent, "/dev/shm").map(|h| h.0),
             Some(shm.clone())
+        );
+        // The kubelet's PodResources socket is the host's, where the kubelet serves it.
+        assert_eq!(
+            host_path(&pod, agent, &env("GPU_SHARE_POD_RESOURCES_SOCKET")).map(|h| h.0),
+            Some(PathBuf::from(
+                gpu_share::kubelet::pod_resources::DEFAULT_SOCKET
+            )),
+            "{}",
+            what("the PodResources socket at the kubelet's path")
         );
         env("GPU_SHARE_MAX_DRAINS").parse::<u32>().unwrap();
         env("GPU_SHARE_DRAIN_TIMEOUT").parse::<u64>().unwrap();

@@ -1,7 +1,8 @@
 //! Drain only what a MIG change disturbs: evict, through the Eviction API, the pods whose CUDA
-//! processes run on instances that go away, respecting PodDisruptionBudgets (a 429 is retried
-//! with backoff until the drain timeout), then wait until those pods are gone and their NVML
-//! processes have exited. Progress is logged while it waits.
+//! processes run on instances that go away and the pods the kubelet says hold those devices,
+//! respecting PodDisruptionBudgets (a 429 is retried with backoff until the drain timeout),
+//! then wait until those pods are gone and their NVML processes have exited. Progress is logged
+//! while it waits.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -14,6 +15,7 @@ use tracing::{info, warn};
 
 use super::metrics::Metrics;
 use super::pods::pod_uid_of;
+use crate::kubelet::pod_resources::PodName;
 
 /// How to drain.
 #[derive(Debug, Clone)]
@@ -22,6 +24,8 @@ pub struct DrainSettings {
     pub timeout: Duration,
     /// Where host PIDs' cgroups are read (`/proc`; the agent runs with hostPID).
     pub proc_root: PathBuf,
+    /// The kubelet's PodResources socket, which says which pods hold which devices.
+    pub pod_resources_socket: PathBuf,
     /// First wait after a refused eviction; doubles up to `max_backoff`.
     pub backoff: Duration,
     pub max_backoff: Duration,
@@ -50,22 +54,12 @@ impl std::fmt::Display for Target {
     }
 }
 
-/// The pods behind `pids` among those on `node`, and the PIDs that belong to no pod.
-pub async fn pods_behind(
-    pods: &Api<Pod>,
-    node: &str,
-    pids: &[u32],
-    settings: &DrainSettings,
-) -> Result<(Vec<String>, Vec<u32>), kube::Error> {
-    let targets = targets(pods, node, pids, settings).await?;
-    let named = targets.0.iter().map(ToString::to_string).collect();
-    Ok((named, targets.1))
-}
-
+/// The pods on `node` behind `pids` or named in `holders`, and the PIDs that belong to no pod.
 async fn targets(
     pods: &Api<Pod>,
     node: &str,
     pids: &[u32],
+    holders: &BTreeSet<PodName>,
     settings: &DrainSettings,
 ) -> Result<(Vec<Target>, Vec<u32>), kube::Error> {
     let mut uids: BTreeMap<String, Vec<u32>> = BTreeMap::new();
@@ -83,24 +77,44 @@ async fn targets(
         .items
         .into_iter()
         .filter_map(|p| {
-            let uid = p.metadata.uid.clone()?;
-            uids.contains_key(&uid).then(|| Target {
+            let target = Target {
                 namespace: p.metadata.namespace.clone().unwrap_or_default(),
                 name: p.metadata.name.clone().unwrap_or_default(),
-                uid,
-            })
+                uid: p.metadata.uid.clone()?,
+            };
+            let held = holders.contains(&PodName {
+                namespace: target.namespace.clone(),
+                name: target.name.clone(),
+            });
+            (held || uids.contains_key(&target.uid)).then_some(target)
         })
         .collect();
     Ok((targets, host))
 }
 
-/// Evict the pods behind `pids` and wait until they and the processes are gone.
-/// `still_running` re-reads NVML and returns which of the PIDs still run.
+/// What a MIG change disturbs on this node.
+#[derive(Debug, Default)]
+pub struct Disturbed {
+    /// Host PIDs of the CUDA processes on the devices that go away (NVML).
+    pub pids: Vec<u32>,
+    /// Pods the kubelet lists as holding those devices, running or not.
+    pub holders: BTreeSet<PodName>,
+}
+
+impl Disturbed {
+    pub fn is_empty(&self) -> bool {
+        self.pids.is_empty() && self.holders.is_empty()
+    }
+}
+
+/// Evict the pods behind the disturbed PIDs and the pods holding a disturbed device, and wait
+/// until they and the processes are gone. `still_running` re-reads NVML and returns which of
+/// the PIDs still run.
 pub async fn drain<F, Fut>(
     client: kube::Client,
     eviction_client: kube::Client,
     node: &str,
-    pids: &[u32],
+    disturbed: &Disturbed,
     settings: &DrainSettings,
     metrics: &Metrics,
     still_running: F,
@@ -111,7 +125,8 @@ where
 {
     let started = Instant::now();
     let all_pods: Api<Pod> = Api::all(client.clone());
-    let (targets, host_pids) = targets(&all_pods, node, pids, settings).await?;
+    let pids = &disturbed.pids;
+    let (targets, host_pids) = targets(&all_pods, node, pids, &disturbed.holders, settings).await?;
     if !host_pids.is_empty() {
         warn!(
             ?host_pids,

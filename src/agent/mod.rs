@@ -90,6 +90,12 @@ pub struct AgentArgs {
     /// Host /proc (hostPID): process names for the reload signal, pod cgroups for the drain.
     #[arg(long, env = "GPU_SHARE_PROC_ROOT", default_value = "/proc")]
     pub proc_root: PathBuf,
+    /// The kubelet's PodResources socket: the drain also evicts the pods it lists as holding a
+    /// device that goes away, running on it or not. Unreachable: a warning, and only pods with
+    /// processes on those devices are drained.
+    #[arg(long, env = "GPU_SHARE_POD_RESOURCES_SOCKET",
+          default_value = crate::kubelet::pod_resources::DEFAULT_SOCKET)]
+    pub pod_resources_socket: PathBuf,
     /// The MPS control binary and the MPS root shared with the plugin.
     #[arg(long, env = "GPU_SHARE_MPS_CONTROL", default_value = daemon::DEFAULT_CONTROL_BINARY)]
     pub mps_control: PathBuf,
@@ -264,6 +270,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         drain: DrainSettings {
             timeout: Duration::from_secs(args.drain_timeout_secs),
             proc_root: args.proc_root.clone(),
+            pod_resources_socket: args.pod_resources_socket.clone(),
             backoff: Duration::from_millis(args.eviction_backoff_ms),
             max_backoff: Duration::from_secs(30),
         },

@@ -10,8 +10,9 @@
 //! instead of publishing `success` (which would claim a schedulable node), so the retry puts it
 //! right. The state dir is checked before the drain slot and the cordon.
 
+use std::collections::BTreeSet;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{DeleteParams, ListParams};
@@ -20,16 +21,20 @@ use kube::Api;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
-use super::drain::{drain, DrainSettings};
+use super::drain::{drain, Disturbed, DrainSettings};
 use super::lease::{DrainSlot, DrainSlots};
 use super::metrics::Metrics;
 use super::node::{self, State};
-use super::pods::disturbed_processes;
+use super::pods::{disturbed_devices, disturbed_processes};
 use crate::apply::{apply, check_state_dir, ApplyError, ApplyOptions};
 use crate::builtin_plugin::{Inventory, PluginManager};
 use crate::gpu::{Gpus, SharedGpus};
+use crate::kubelet::pod_resources::holders_of;
 use crate::plan::{plan_for, steps, ObservedNode};
 use crate::profile::{parse_profile, Problem, Profile};
+
+/// How long the kubelet's PodResources `List` may take before the drain goes on without it.
+const KUBELET_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the labels and the ConfigMap ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -273,11 +278,8 @@ impl Reconciler {
         if cordoned {
             self.event(EventType::Normal, "Cordoned", &reason).await;
         }
-        let pids: Vec<u32> = disturbed_processes(todo, observed)
-            .into_iter()
-            .map(|(_, pid)| pid)
-            .collect();
-        if !pids.is_empty() {
+        let disturbed = self.disturbed(todo, observed).await;
+        if !disturbed.is_empty() {
             self.publish(
                 State::Draining,
                 &format!("evicting the pods that use the GPU instances profile {key} changes"),
@@ -289,7 +291,7 @@ impl Reconciler {
                 self.client.clone(),
                 self.eviction_client.clone(),
                 &self.node_name,
-                &pids,
+                &disturbed,
                 &self.drain,
                 &self.metrics,
                 move |pids| still_running(gpus.clone(), pids),
@@ -317,6 +319,34 @@ impl Reconciler {
         self.publish(State::Applying, &format!("applying profile {key}"), None)
             .await;
         self.run_apply(key, profile).await
+    }
+
+    /// What the MIG steps disturb: the processes NVML shows on the devices that go away, and
+    /// the pods the kubelet lists as holding those devices (idle ones included). When the
+    /// kubelet cannot be asked, the processes alone (a warning says so).
+    async fn disturbed(&self, todo: &[crate::plan::Step], observed: &ObservedNode) -> Disturbed {
+        let pids = disturbed_processes(todo, observed)
+            .into_iter()
+            .map(|(_, pid)| pid)
+            .collect();
+        let devices = disturbed_devices(todo, observed);
+        let holders = if devices.is_empty() {
+            BTreeSet::new()
+        } else {
+            let socket = &self.drain.pod_resources_socket;
+            match holders_of(socket, &devices, KUBELET_TIMEOUT).await {
+                Ok(holders) => holders,
+                Err(e) => {
+                    warn!(
+                        error = %e,
+                        "cannot ask the kubelet which pods hold the GPU devices that change; only \
+                         pods with processes on them are drained"
+                    );
+                    BTreeSet::new()
+                }
+            }
+        };
+        Disturbed { pids, holders }
     }
 
     /// `gpu-share apply` on this node (blocking NVML work off the async threads), then restart

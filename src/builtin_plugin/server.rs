@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use hyper_util::rt::TokioIo;
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::{UnixListenerStream, WatchStream};
@@ -211,15 +210,8 @@ fn response_id() -> String {
 /// `Register` `resource` (served on `endpoint`, a file name in `dir`) with the kubelet at
 /// `dir/kubelet.sock`.
 pub async fn register(dir: &Path, endpoint: &str, resource: &str) -> Result<(), String> {
-    let kubelet = dir.join(KUBELET_SOCKET);
-    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
-        let path = kubelet.clone();
-        async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-    });
     let call = async {
-        // The URI is required by the API but unused: the connector dials the socket.
-        let channel = tonic::transport::Endpoint::from_static("http://kubelet.sock")
-            .connect_with_connector(connector)
+        let channel = crate::kubelet::dial(dir.join(KUBELET_SOCKET))
             .await
             .map_err(|e| format!("cannot connect to the kubelet: {e}"))?;
         RegistrationClient::new(channel)

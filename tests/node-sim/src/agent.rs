@@ -124,6 +124,12 @@ impl AgentNode {
         self.path("nvml.json")
     }
 
+    /// Where the agent asks the kubelet's PodResources API (served by a test that starts a
+    /// [`crate::PodResourcesKubelet`] there; absent otherwise).
+    pub fn pod_resources_socket(&self) -> PathBuf {
+        self.path("pod-resources/kubelet.sock")
+    }
+
     pub fn plugin_config(&self) -> PathBuf {
         self.path("plugin/config.yaml")
     }
@@ -145,7 +151,8 @@ impl AgentNode {
 
     /// `gpu-share`, without arguments, in the environment of this node's agent: the
     /// [`Self::fixture_env`], the downward-API values, state dir, plugin config (not reloaded),
-    /// proc and MPS roots in the temp dir, any free port, drains of 20 s.
+    /// proc and MPS roots and the PodResources socket in the temp dir, any free port, drains
+    /// of 20 s.
     pub fn agent_command(&self) -> Command {
         let mut cmd = Command::new(gpu_share_bin());
         cmd.env("NODE_NAME", &self.name)
@@ -154,6 +161,10 @@ impl AgentNode {
             .env("GPU_SHARE_PLUGIN_CONFIG", self.plugin_config())
             .env("GPU_SHARE_PLUGIN_RELOAD", "none")
             .env("GPU_SHARE_PROC_ROOT", self.path("proc"))
+            .env(
+                "GPU_SHARE_POD_RESOURCES_SOCKET",
+                self.pod_resources_socket(),
+            )
             .env("GPU_SHARE_MPS_ROOT", self.path("mps"))
             .env("GPU_SHARE_LISTEN", "127.0.0.1:0")
             .env("GPU_SHARE_DRAIN_TIMEOUT", "20");

@@ -26,9 +26,11 @@ use nvidia_ml::{cdylib_path, read_log, Gpu, LogEntry, State};
 
 mod agent;
 mod cli;
+mod pod_resources;
 
 pub use agent::*;
 pub use cli::*;
+pub use pod_resources::PodResourcesKubelet;
 
 pub const NS: &str = "gpu-share";
 pub const CM: &str = "gpu-share-profiles";
