@@ -12,6 +12,7 @@ use nvidia_ml::{cdylib_path, Gpu, State};
 use serde_json::Value;
 
 const PLUGINS: &str = "var/lib/kubelet/device-plugins";
+const POD_RESOURCES: &str = "var/lib/kubelet/pod-resources/kubelet.sock";
 
 fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -50,8 +51,8 @@ impl Node {
     }
 
     /// Everything in order for these GPUs: driver 580.65.06 (module and NVML), their device
-    /// nodes, containerd with the NVIDIA runtime as default, the kubelet and a plugin serving
-    /// `sockets`.
+    /// nodes, containerd with the NVIDIA runtime as default, the kubelet (device-plugin
+    /// registration and PodResources) and a plugin serving `sockets`.
     fn healthy(gpus: Vec<Gpu>, sockets: &[&str]) -> Node {
         let mut node = Node::bare();
         node.copy("proc-version-580", "proc/driver/nvidia/version");
@@ -63,6 +64,7 @@ impl Node {
         node.copy("containerd-v3-nvidia.toml", "etc/containerd/config.toml");
         node.executable("usr/bin/nvidia-container-runtime");
         node.listen(&format!("{PLUGINS}/kubelet.sock"));
+        node.listen(POD_RESOURCES);
         for s in sockets {
             node.listen(&format!("{PLUGINS}/{s}"));
         }
@@ -504,6 +506,7 @@ fn jetson_is_recognised_and_nvml_is_skipped_with_a_warning() {
     node.copy("containerd-v3-nvidia.toml", "etc/containerd/config.toml");
     node.executable("usr/bin/nvidia-container-runtime");
     node.listen(&format!("{PLUGINS}/kubelet.sock"));
+    node.listen(POD_RESOURCES);
     node.listen(&format!("{PLUGINS}/nvidia-gpu.sock"));
     // No NVML at all: the doctor must not need it.
     let env = [("GPU_SHARE_NVML_LIB", "/nonexistent/libnvidia-ml.so.1")];
@@ -703,4 +706,23 @@ fn the_builtin_plugin_without_the_kubelet_fails_at_device_plugin() {
     assert_eq!(r.status("device-plugin"), "ok", "{}", r.0);
     // The NVIDIA plugin, by contrast, must have registered.
     node.fails_at("device-plugin", &[]);
+}
+
+#[test]
+fn a_kubelet_without_its_pod_resources_socket_is_a_warning_at_device_plugin() {
+    let node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
+    node.remove(POD_RESOURCES);
+    let (r, code) = node.doctor(&[]);
+    assert_eq!(code, 0, "a warning, not a failure: {}", r.0);
+    assert_eq!(r.status("device-plugin"), "warn", "{}", r.0);
+    let said = r.said("device-plugin");
+    assert!(
+        said.contains("PodResources API")
+            && said.contains("pod-resources/kubelet.sock) is missing"),
+        "{said}"
+    );
+    assert!(said.contains("--pod-resources-socket"), "{said}");
+    // The same with the built-in plugin.
+    let (r, _) = node.doctor(&["--plugin", "builtin"]);
+    assert_eq!(r.status("device-plugin"), "warn", "{}", r.0);
 }

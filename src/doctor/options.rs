@@ -59,6 +59,10 @@ pub struct DoctorOptions {
     /// The kubelet's device-plugin directory [default: /var/lib/kubelet/device-plugins].
     #[arg(long, value_name = "DIR", help_heading = "Paths")]
     pub device_plugin_dir: Option<PathBuf>,
+    /// The kubelet's PodResources socket, which the agent's drain asks which pods hold a
+    /// device [default: /var/lib/kubelet/pod-resources/kubelet.sock].
+    #[arg(long, value_name = "FILE", help_heading = "Paths")]
+    pub pod_resources_socket: Option<PathBuf>,
     /// The MPS control daemon binary: a path (used as written), or a name searched on PATH,
     /// each directory under --root [default: nvidia-cuda-mps-control].
     #[arg(long, value_name = "PATH", help_heading = "Paths")]
@@ -89,6 +93,7 @@ impl Default for DoctorOptions {
             containerd_config: None,
             cdi_dirs: Vec::new(),
             device_plugin_dir: None,
+            pod_resources_socket: None,
             mps_control: None,
             mps_root: None,
             mountinfo: None,
@@ -107,6 +112,7 @@ pub(super) struct Paths {
     pub(super) containerd_config: PathBuf,
     pub(super) cdi_dirs: Vec<PathBuf>,
     pub(super) device_plugin_dir: PathBuf,
+    pub(super) pod_resources_socket: PathBuf,
     pub(super) mps_control: PathBuf,
     pub(super) mps_root: PathBuf,
     pub(super) mountinfo: PathBuf,
@@ -135,6 +141,10 @@ impl Paths {
                 o.cdi_dirs.clone()
             },
             device_plugin_dir: pick(&o.device_plugin_dir, "/var/lib/kubelet/device-plugins"),
+            pod_resources_socket: pick(
+                &o.pod_resources_socket,
+                crate::kubelet::pod_resources::DEFAULT_SOCKET,
+            ),
             mps_control: o
                 .mps_control
                 .clone()

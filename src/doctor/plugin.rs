@@ -6,6 +6,9 @@
 //! With `--plugin builtin` the agent serves those sockets itself once it runs, so only
 //! `kubelet.sock` must be live (a missing resource socket is a warning), and a profile with MPS
 //! needs the tmpfs its clients share as `/dev/shm` at `<mps root>/shm`.
+//!
+//! With either plugin, the kubelet's PodResources socket should be live: without it the agent's
+//! drain sees only the pods with GPU processes, not those holding a device idle (a warning).
 
 use std::io::ErrorKind;
 use std::os::unix::fs::FileTypeExt;
@@ -74,6 +77,7 @@ pub(super) fn check(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
             )
         }
     }
+    pod_resources(ctx, &mut check);
     if ctx.plugin == PluginKind::Builtin {
         return builtin(ctx, facts, check);
     }
@@ -269,6 +273,26 @@ fn check_shm(ctx: &Ctx<'_>, check: &mut Check) {
             "point --mountinfo at the mount table of a process that sees the MPS root \
              (/proc/self/mountinfo)",
         ),
+    }
+}
+
+/// The kubelet's PodResources API, which the agent's drain asks which pods hold the devices a
+/// MIG change takes away.
+fn pod_resources(ctx: &Ctx<'_>, check: &mut Check) {
+    let socket = &ctx.paths.pod_resources_socket;
+    let state = probe(socket);
+    if state != Socket::Listening {
+        check.warn(
+            format!(
+                "the kubelet's PodResources API ({}) is {}: the agent's drain sees only the pods \
+                 with GPU processes, not those holding a MIG device or GPU replica idle",
+                socket.display(),
+                describe(&state)
+            ),
+            "the kubelet serves it by default; mount /var/lib/kubelet/pod-resources into the \
+             agent (deploy/base does); a kubelet with another --root-dir keeps it elsewhere: \
+             point --pod-resources-socket there",
+        );
     }
 }
 
