@@ -14,7 +14,7 @@ use kube::Api;
 use tracing::{info, warn};
 
 use super::metrics::Metrics;
-use super::pods::pod_uid_of;
+use crate::kubelet::cgroup::pod_uid_of;
 use crate::kubelet::pod_resources::PodName;
 
 /// How to drain.

@@ -1,15 +1,10 @@
 //! Which pods must leave before a MIG change: the pods whose CUDA processes run on the GPU
 //! instances that will be destroyed, or on GPUs whose MIG mode changes, and the pods the
 //! kubelet lists as holding those devices ([`disturbed_devices`], asked through
-//! [`crate::kubelet::pod_resources`]). Pods on untouched GPUs and instances keep running. Pure,
-//! apart from reading `/proc/<pid>/cgroup`.
-//!
-//! NVML reports host PIDs (the agent runs with hostPID); a PID's cgroup path names its pod:
-//! `.../kubepods/burstable/pod<uid>/<container>` (cgroupfs driver) or
-//! `.../kubepods-burstable-pod<uid_with_underscores>.slice/...` (systemd driver).
+//! [`crate::kubelet::pod_resources`]). Pods on untouched GPUs and instances keep running. Pure;
+//! NVML's host PIDs are tied to their pods by [`crate::kubelet::cgroup`].
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
 use crate::plan::{ObservedNode, Step};
 
@@ -59,26 +54,6 @@ pub fn disturbed_devices(steps: &[Step], observed: &ObservedNode) -> BTreeSet<St
         );
     }
     out
-}
-
-/// The pod UID a host PID belongs to, from `<proc_root>/<pid>/cgroup`.
-pub fn pod_uid_of(proc_root: &Path, pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()?;
-    text.lines().find_map(pod_uid_in_cgroup_line)
-}
-
-fn pod_uid_in_cgroup_line(line: &str) -> Option<String> {
-    let path = line.splitn(3, ':').nth(2)?;
-    path.split('/').find_map(|segment| {
-        let start = segment.rfind("pod")? + 3;
-        let rest = &segment[start..];
-        let uid: String = rest
-            .chars()
-            .take_while(|c| c.is_ascii_hexdigit() || *c == '-' || *c == '_')
-            .collect();
-        let uid = uid.replace('_', "-");
-        (uid.len() == 36 && uid.matches('-').count() == 4).then_some(uid)
-    })
 }
 
 #[cfg(test)]
@@ -131,25 +106,5 @@ mod tests {
         ];
         let devices: Vec<String> = disturbed_devices(&steps, &observed).into_iter().collect();
         assert_eq!(devices, ["GPU-1", "MIG-0-2"]);
-    }
-
-    #[test]
-    fn cgroup_paths_of_both_drivers_name_the_pod() {
-        let uid = "0f6c8b0e-5d1a-4c1e-9a57-2b8e3c9d4f10";
-        assert_eq!(
-            pod_uid_in_cgroup_line(&format!("0::/kubepods/burstable/pod{uid}/8c1d2f")),
-            Some(uid.to_string())
-        );
-        assert_eq!(
-            pod_uid_in_cgroup_line(&format!(
-                "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-ab.scope",
-                uid.replace('-', "_")
-            )),
-            Some(uid.to_string())
-        );
-        assert_eq!(
-            pod_uid_in_cgroup_line("0::/user.slice/session-2.scope"),
-            None
-        );
     }
 }

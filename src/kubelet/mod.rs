@@ -1,7 +1,9 @@
-//! The kubelet's local gRPC APIs, on Unix sockets under `/var/lib/kubelet`: device-plugin
-//! registration (spoken by [`crate::builtin_plugin`]) and [`pod_resources`], which says which
-//! pod holds which device.
+//! What the kubelet exposes on the node itself: its local gRPC APIs, on Unix sockets under
+//! `/var/lib/kubelet` (device-plugin registration, spoken by [`crate::builtin_plugin`], and
+//! [`pod_resources`], which says which pod holds which device), and the pod cgroups it lays out
+//! ([`cgroup`], which says which pod a process belongs to).
 
+pub mod cgroup;
 pub mod pod_resources;
 
 use std::path::PathBuf;
