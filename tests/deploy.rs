@@ -1146,6 +1146,9 @@ fn pod_spec(objects: &[Value]) -> (DaemonSet, PodSpec) {
     (ds, pod)
 }
 
+/// The agent pod's UID, as the downward API gives it (`metadata.uid`).
+const AGENT_POD_UID: &str = "5e1f0c2a-7b3d-4e8f-9a6b-1c2d3e4f5a6b";
+
 /// `gpu-share agent` with the DaemonSet's args and env, as `node`'s agent. Only what must point
 /// into the test's fixtures changes: host paths, the fake NVML and MPS control, the listen
 /// address (the overrides here and [`AgentNode::fixture_env`]); the downward-API values are what
@@ -1185,6 +1188,7 @@ fn start_agent(pod: &PodSpec, node: &mut AgentNode, namespace: &str) {
             (None, Some(from)) => match from.field_ref.as_ref().unwrap().field_path.as_str() {
                 "spec.nodeName" => node.name.clone(),
                 "metadata.namespace" => namespace.to_string(),
+                "metadata.uid" => AGENT_POD_UID.to_string(),
                 other => panic!("downward API field {other} is not simulated here"),
             },
             _ => panic!("env {} has neither a value nor a fieldRef", e.name),
@@ -1267,17 +1271,25 @@ fn rbac_grants_exactly_what_the_agent_uses_and_the_policy_admits_its_node_writes
     let first = api.node(node).unwrap();
 
     let mut sim = AgentNode::for_node(&api, node, vec![Gpu::mig("h100").mig_enabled()]);
-    // The device plugin, as the agent finds it through /proc: a process whose argv[0] is the
-    // DaemonSet's plugin command. The agent's SIGHUP ends it, which shows it was signalled.
+    // The device plugin, as the agent finds it through /proc: a process in the agent's pod
+    // whose argv[0] is the DaemonSet's plugin command. The agent's SIGHUP ends it, which shows
+    // it was signalled. Started first, with a lower PID: another pod's plugin of the same name
+    // (the GPU Operator's, say), which must never be signalled.
     let plugin_c = container(&pod, "device-plugin");
+    let argv0 = &plugin_c.command.as_ref().unwrap()[0];
+    let other_pod = "9f8e7d6c-5b4a-4321-8fed-cba987654321";
+    let mut other_plugin = Command::new("sleep").arg("600").spawn().unwrap();
     let mut plugin = Command::new("sleep").arg("600").spawn().unwrap();
-    let plugin_proc = sim.path(&format!("proc/{}", plugin.id()));
-    std::fs::create_dir_all(&plugin_proc).unwrap();
-    std::fs::write(
-        plugin_proc.join("cmdline"),
-        format!("{}\0", plugin_c.command.as_ref().unwrap()[0]),
-    )
-    .unwrap();
+    for (process, pod_uid) in [(&other_plugin, other_pod), (&plugin, AGENT_POD_UID)] {
+        let proc_dir = sim.path(&format!("proc/{}", process.id()));
+        std::fs::create_dir_all(&proc_dir).unwrap();
+        std::fs::write(proc_dir.join("cmdline"), format!("{argv0}\0")).unwrap();
+        std::fs::write(
+            proc_dir.join("cgroup"),
+            format!("0::/kubepods/besteffort/pod{pod_uid}/c0ffee\n"),
+        )
+        .unwrap();
+    }
 
     start_agent(&pod, &mut sim, &namespace);
     // A profile with MIG changes: drain slot, cordon, apply, uncordon.
@@ -1307,12 +1319,19 @@ fn rbac_grants_exactly_what_the_agent_uses_and_the_policy_admits_its_node_writes
     let requests = api.requests();
     drop(sim);
     let plugin_status = plugin.try_wait().unwrap();
-    let _ = plugin.kill();
-    let _ = plugin.wait();
+    let other_status = other_plugin.try_wait().unwrap();
+    for p in [&mut plugin, &mut other_plugin] {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
     assert_eq!(
         plugin_status.and_then(|s| s.signal()),
         Some(1),
         "the plugin process got SIGHUP"
+    );
+    assert!(
+        other_status.is_none(),
+        "another pod's plugin was signalled: {other_status:?}"
     );
 
     // 1. Everything the agent asked for is granted to its ServiceAccount.

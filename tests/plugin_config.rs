@@ -190,6 +190,7 @@ fn sighup_reaches_the_plugin_by_pid_file_and_by_name() {
     let by_name = SignalTarget::ProcessName {
         name: plugin.name.clone(),
         proc_root: "/proc".into(),
+        pod_uid: None,
     };
     assert_eq!(reload(&by_name).unwrap(), plugin.pid());
     wait_for(|| plugin.hups() == 2, "the second SIGHUP");
@@ -197,6 +198,7 @@ fn sighup_reaches_the_plugin_by_pid_file_and_by_name() {
     let missing = SignalTarget::ProcessName {
         name: "no-such-plugin".into(),
         proc_root: "/proc".into(),
+        pod_uid: None,
     };
     let err = reload(&missing).unwrap_err().to_string();
     assert!(

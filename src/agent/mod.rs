@@ -79,6 +79,11 @@ pub struct AgentArgs {
         default_value = "nvidia-device-plugin"
     )]
     pub plugin_process: String,
+    /// This agent's pod UID (downward API `metadata.uid`): the plugin found by
+    /// --plugin-process is signalled only when it runs in this pod, never another pod's plugin
+    /// (the GPU Operator's, say) that hostPID also shows. Unset: any process of that name.
+    #[arg(long, env = "POD_UID")]
+    pub pod_uid: Option<String>,
     #[arg(long, env = "GPU_SHARE_PLUGIN_PID_FILE")]
     pub plugin_pid_file: Option<PathBuf>,
     #[arg(
@@ -185,6 +190,7 @@ impl AgentArgs {
                 None => SignalTarget::ProcessName {
                     name: self.plugin_process.clone(),
                     proc_root: self.proc_root.clone(),
+                    pod_uid: self.pod_uid.clone(),
                 },
             }),
             Reload::Restart | Reload::None => None,

@@ -183,6 +183,7 @@ impl PluginArgs {
             (None, Some(name)) => Some(SignalTarget::ProcessName {
                 name: name.clone(),
                 proc_root: self.proc_root.clone(),
+                pod_uid: None,
             }),
             (None, None) => None,
         };

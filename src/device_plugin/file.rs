@@ -4,7 +4,9 @@
 //! directory) and only when its bytes change, so an unchanged profile writes nothing and sends no
 //! signal. The NVIDIA plugin reloads on SIGHUP ("Received SIGHUP, restarting."); we find it
 //! through a pid file, or, in a shared process namespace, by its argv[0] as NVIDIA's own
-//! config-manager does (nvidia-stack.md §1.6).
+//! config-manager does (nvidia-stack.md §1.6). With the host's PID namespace every pod's
+//! processes are visible, another pod's plugin (the GPU Operator's, say) among them, so the
+//! agent names its own pod and only a process in that pod's cgroup is signalled.
 
 use std::fs;
 use std::io::Write;
@@ -12,6 +14,8 @@ use std::path::{Path, PathBuf};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+
+use crate::kubelet::cgroup::pod_uid_of;
 
 /// Write `text` to `path` unless it already holds exactly that. Returns whether it wrote.
 pub fn write_if_changed(path: &Path, text: &str) -> std::io::Result<bool> {
@@ -37,8 +41,12 @@ pub enum SignalTarget {
     /// A file holding its PID.
     PidFile(PathBuf),
     /// Its argv[0] (or that path's file name), searched under a `/proc` (shared process
-    /// namespace or hostPID).
-    ProcessName { name: String, proc_root: PathBuf },
+    /// namespace or hostPID); with `pod_uid`, only among the processes of that pod.
+    ProcessName {
+        name: String,
+        proc_root: PathBuf,
+        pod_uid: Option<String>,
+    },
 }
 
 /// Why a reload signal could not be sent.
@@ -51,8 +59,13 @@ pub enum ReloadError {
     },
     #[error("the pid file {path} does not hold a process id")]
     BadPid { path: String },
-    #[error("no process named {name:?} under {proc_root} (is the device plugin running, and does this pod share its process namespace?)")]
-    NotFound { name: String, proc_root: String },
+    #[error("no process named {name:?} under {proc_root}{} (is the device plugin running, and does this pod share its process namespace?)",
+            .pod_uid.as_ref().map(|u| format!(" in this pod ({u})")).unwrap_or_default())]
+    NotFound {
+        name: String,
+        proc_root: String,
+        pod_uid: Option<String>,
+    },
     #[error("cannot signal the device plugin (PID {pid}): {source}")]
     Signal { pid: i32, source: nix::Error },
 }
@@ -80,17 +93,23 @@ fn find(target: &SignalTarget) -> Result<i32, ReloadError> {
                     path: path.display().to_string(),
                 })
         }
-        SignalTarget::ProcessName { name, proc_root } => {
-            find_by_name(name, proc_root).ok_or_else(|| ReloadError::NotFound {
+        SignalTarget::ProcessName {
+            name,
+            proc_root,
+            pod_uid,
+        } => {
+            find_by_name(name, proc_root, pod_uid.as_deref()).ok_or_else(|| ReloadError::NotFound {
                 name: name.clone(),
                 proc_root: proc_root.display().to_string(),
+                pod_uid: pod_uid.clone(),
             })
         }
     }
 }
 
-/// The lowest PID whose argv[0] is `name` or a path ending in `/name`.
-fn find_by_name(name: &str, proc_root: &Path) -> Option<i32> {
+/// The lowest PID whose argv[0] is `name` or a path ending in `/name`, in pod `pod_uid` when
+/// given.
+fn find_by_name(name: &str, proc_root: &Path, pod_uid: Option<&str>) -> Option<i32> {
     let mut pids: Vec<i32> = fs::read_dir(proc_root)
         .ok()?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
@@ -102,6 +121,56 @@ fn find_by_name(name: &str, proc_root: &Path) -> Option<i32> {
         };
         let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
         let argv0 = String::from_utf8_lossy(argv0);
-        argv0 == name || argv0.rsplit('/').next() == Some(name)
+        let named = argv0 == name || argv0.rsplit('/').next() == Some(name);
+        named
+            && pod_uid.is_none_or(|uid| {
+                u32::try_from(*pid)
+                    .ok()
+                    .and_then(|pid| pod_uid_of(proc_root, pid))
+                    .is_some_and(|of_pid| of_pid == uid)
+            })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OURS: &str = "0f6c8b0e-5d1a-4c1e-9a57-2b8e3c9d4f10";
+    const THEIRS: &str = "7d1e2f3a-0000-4c1e-9a57-2b8e3c9d4f11";
+
+    /// A `/proc` entry: `pid` running `argv0` in pod `uid` (none: a host process).
+    fn process(proc_root: &Path, pid: i32, argv0: &str, uid: Option<&str>) {
+        let dir = proc_root.join(pid.to_string());
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("cmdline"), format!("{argv0}\0--flag\0")).unwrap();
+        let cgroup = match uid {
+            Some(uid) => format!("0::/kubepods/besteffort/pod{uid}/c0ffee\n"),
+            None => "0::/system.slice/containerd.service\n".into(),
+        };
+        fs::write(dir.join("cgroup"), cgroup).unwrap();
+    }
+
+    #[test]
+    fn a_plugin_found_by_name_is_the_one_in_our_pod_when_the_pod_is_named() {
+        let proc_root = tempfile::tempdir().unwrap();
+        let root = proc_root.path();
+        // Lower PIDs first: the GPU Operator's plugin and a host process of the same name.
+        process(root, 100, "/usr/bin/nvidia-device-plugin", Some(THEIRS));
+        process(root, 150, "nvidia-device-plugin", None);
+        process(root, 200, "nvidia-device-plugin", Some(OURS));
+        process(root, 300, "sleep", Some(OURS));
+        let name = "nvidia-device-plugin";
+        assert_eq!(find_by_name(name, root, Some(OURS)), Some(200));
+        // Without a pod, the lowest PID of that name, as NVIDIA's config-manager finds it.
+        assert_eq!(find_by_name(name, root, None), Some(100));
+        assert_eq!(find_by_name("sleep", root, Some(THEIRS)), None);
+        let missing = SignalTarget::ProcessName {
+            name: name.into(),
+            proc_root: root.join("nowhere"),
+            pod_uid: Some(OURS.into()),
+        };
+        let err = find(&missing).unwrap_err().to_string();
+        assert!(err.contains(&format!("in this pod ({OURS})")), "{err}");
+    }
 }
