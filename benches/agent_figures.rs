@@ -4,7 +4,8 @@
 //!
 //! - `latency`: node label change → device-plugin config written, p50/p99, over 100 changes
 //!   between two profiles that differ only in time-slicing replicas (no MIG change, no drain),
-//!   and over 10 changes between two MIG profiles (drain slot, cordon, MIG steps, uncordon).
+//!   and over 10 changes between two MIG profiles (drain slot, cordon, the kubelet's
+//!   PodResources `List`, MIG steps, uncordon), then the same without a PodResources API.
 //! - `memory`: the agent's VmRSS/VmHWM idle, and after 1,000 reconciles (label changes, each
 //!   waited for until its success is published).
 //! - `transitions`: the transition suite (every ordered pair of the H100 example profiles on 8
@@ -119,26 +120,11 @@ fn latency() {
     }
     node.kill_agent();
 
-    // MIG changes: h100-balanced ↔ h100-inference on 8 H100s (no pods to evict).
-    let mut mig = AgentNode::new(&api, "bench-mig", h100s(8, true));
-    api.set_node_label(&mig.name, PROFILE_LABEL, Some("h100-balanced"));
-    mig.start_agent(&["--resync-secs", "300"], &[]);
-    wait_applied(&api, &mig, "h100-balanced", Duration::from_secs(60));
-    let (mut mig_written, mut mig_done) = (Vec::new(), Vec::new());
-    let names = ["h100-balanced", "h100-inference"];
-    for i in 0..mig_changes {
-        let name = names[(i + 1) % 2];
-        let (w, d) = change(
-            &api,
-            &mig,
-            name,
-            &profile_text(name),
-            Duration::from_secs(60),
-        );
-        mig_written.push(w);
-        mig_done.push(d);
-    }
-    mig.kill_agent();
+    // MIG changes: h100-balanced ↔ h100-inference on 8 H100s (no pods to evict), first with
+    // the kubelet's PodResources API answering, as on a real node (each drain asks it who holds
+    // the devices), then without it (the drain goes on with NVML's processes alone).
+    let (mig_written, mig_done) = mig_latency(&api, "bench-mig", mig_changes, true);
+    let (bare_written, bare_done) = mig_latency(&api, "bench-mig-bare", mig_changes, false);
 
     println!("\n## label change → device-plugin config written (8 simulated H100s)\n");
     println!("| change | n | p50 | p99 | min | max |");
@@ -153,6 +139,46 @@ fn latency() {
         "h100-balanced ↔ h100-inference (MIG): success published",
         mig_done,
     );
+    summary(
+        "the same without a PodResources API: config written",
+        bare_written,
+    );
+    summary(
+        "the same without a PodResources API: success published",
+        bare_done,
+    );
+}
+
+/// `changes` label changes between h100-balanced and h100-inference on a new node `name`:
+/// (config written, success published) of each.
+fn mig_latency(
+    api: &Arc<KubeDouble>,
+    name: &str,
+    changes: usize,
+    pod_resources: bool,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let mut mig = AgentNode::new(api, name, h100s(8, true));
+    let _kubelet = pod_resources
+        .then(|| PodResourcesKubelet::serve(api, &mig.name, &mig.pod_resources_socket()));
+    api.set_node_label(&mig.name, PROFILE_LABEL, Some("h100-balanced"));
+    mig.start_agent(&["--resync-secs", "300"], &[]);
+    wait_applied(api, &mig, "h100-balanced", Duration::from_secs(60));
+    let (mut written, mut done) = (Vec::new(), Vec::new());
+    let names = ["h100-balanced", "h100-inference"];
+    for i in 0..changes {
+        let name = names[(i + 1) % 2];
+        let (w, d) = change(
+            api,
+            &mig,
+            name,
+            &profile_text(name),
+            Duration::from_secs(60),
+        );
+        written.push(w);
+        done.push(d);
+    }
+    mig.kill_agent();
+    (written, done)
 }
 
 fn memory() {
