@@ -1737,6 +1737,13 @@ fn the_daemonset_env_and_mounts_match_the_agent_flags() {
             svc.spec.as_ref().unwrap().selector,
             ds.spec.as_ref().unwrap().selector.match_labels
         );
+        // A not-ready agent (its /readyz says why) is still scraped.
+        assert_eq!(
+            svc.spec.as_ref().unwrap().publish_not_ready_addresses,
+            Some(true),
+            "{}",
+            what("the metrics Service keeps not-ready agents")
+        );
 
         // What a GPU node agent needs of its pod.
         assert_eq!(
