@@ -10,7 +10,7 @@ use std::io::Read;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kube_double::KubeDouble;
+use kube_double::{Fault, KubeDouble, Verb};
 use node_sim::*;
 
 /// The profiles ConfigMap with a few example profiles, under their file names.
@@ -333,4 +333,55 @@ fn api_errors_and_dropped_watches_are_survived() {
     api.set_node_label("gpu-5", PROFILE_LABEL, Some("h100-balanced"));
     wait_state(&api, &node, "success", Duration::from_secs(30));
     assert_eq!(node.nvml().gpus[0].gpu_instances.len(), 5);
+}
+
+/// GET /readyz until its answer satisfies `ok` (or fail after `timeout`); the last answer.
+fn readyz_until(node: &AgentNode, timeout: Duration, ok: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + timeout;
+    while !node.log().contains("addr=") {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never logged its address"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    loop {
+        let answer = http_get(node, "/readyz");
+        if ok(&answer) {
+            return answer;
+        }
+        assert!(Instant::now() < deadline, "last /readyz answer: {answer}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn node_writes_refused_with_403_make_the_agent_not_ready_until_they_go_through() {
+    let api = Arc::new(KubeDouble::start());
+    configmap(&api);
+    let mut node = AgentNode::new(&api, "gpu-forbidden", h100s(1, false));
+    node.start_agent(&[], &[]);
+    readyz_until(&node, Duration::from_secs(20), |a| {
+        a.starts_with("HTTP/1.1 200")
+    });
+
+    // RBAC or the admission policy refuses the state writes of one reconcile: `applying`, and
+    // the `failed` that reports it. Retrying cannot mend that, so /readyz says so.
+    api.fail_next(Verb::Patch, "nodes", 2, Fault::Status(403));
+    api.set_node_label(&node.name, PROFILE_LABEL, Some("homelab-timeslice"));
+    let answer = readyz_until(&node, Duration::from_secs(20), |a| {
+        a.starts_with("HTTP/1.1 503")
+    });
+    assert!(
+        answer.contains("the API server refuses the agent's Node writes")
+            && answer.contains("could not publish state")
+            && answer.contains("gpu-share-agent-scope"),
+        "{answer}"
+    );
+
+    // The refusals end (the grant is fixed): the retry publishes and the agent is ready again.
+    wait_applied(&api, &node, "homelab-timeslice", Duration::from_secs(30));
+    readyz_until(&node, Duration::from_secs(10), |a| {
+        a.starts_with("HTTP/1.1 200")
+    });
 }

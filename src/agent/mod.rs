@@ -296,6 +296,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             })
         }),
         node_write_failures: Default::default(),
+        node_write_refused: Default::default(),
         cdi_refresh: args
             .cdi_refresh_command
             .as_deref()
@@ -480,10 +481,7 @@ async fn reconcile_loop(
     // config-manager advertised 0 GPUs at start-up (DP#1645).
     let _ = node_rx.wait_for(Option::is_some).await;
     let _ = cm_rx.wait_for(Option::is_some).await;
-    match &doctor {
-        Ok(()) => health.set_ready(true, "watchers synced".into()),
-        Err(why) => health.set_ready(false, format!("GPU stack check failed: {why}")),
-    }
+    set_readiness(health, &doctor, None);
     let resync = Duration::from_secs(args.resync_secs);
     let mut last: Option<Desired> = None;
     let mut retry = Duration::from_secs(5);
@@ -512,6 +510,7 @@ async fn reconcile_loop(
                     tokio::time::Instant::now() + resync
                 }
             };
+            set_readiness(health, &doctor, reconciler.refused_node_write());
             last = Some(want);
         }
         tokio::select! {
@@ -519,6 +518,23 @@ async fn reconcile_loop(
             _ = cm_rx.changed() => {}
             () = tokio::time::sleep_until(next_run) => {}
         }
+    }
+}
+
+/// Ready once the watchers synced, unless the start-up GPU stack check failed or the API server
+/// refuses the agent's writes to its Node (403: RBAC or the admission policy; retries cannot
+/// mend it, and without the state label nobody would see why nothing happens).
+fn set_readiness(health: &Health, doctor: &Result<(), String>, refused: Option<String>) {
+    match (doctor, refused) {
+        (Err(why), _) => health.set_ready(false, format!("GPU stack check failed: {why}")),
+        (Ok(()), Some(write)) => health.set_ready(
+            false,
+            format!(
+                "the API server refuses the agent's Node writes ({write}): check the ClusterRole \
+                 gpu-share-agent and the ValidatingAdmissionPolicy gpu-share-agent-scope"
+            ),
+        ),
+        (Ok(()), None) => health.set_ready(true, "watchers synced".into()),
     }
 }
 

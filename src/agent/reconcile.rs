@@ -77,6 +77,9 @@ pub struct Reconciler {
     /// left at its end fail it with `ApiError`, so it is retried with backoff rather than
     /// leaving a stale state or our cordon until the next resync or label change.
     pub node_write_failures: Mutex<Vec<String>>,
+    /// The last Node write of the reconcile in progress that the API server refused (403):
+    /// RBAC or the admission policy, which no retry mends, so the agent says it is not ready.
+    pub node_write_refused: Mutex<Option<String>>,
     /// `--cdi-refresh-command`, split into words; empty when not given.
     pub cdi_refresh: Vec<String>,
     /// Set at start and by each MIG change, cleared when the CDI refresh command succeeds: a
@@ -109,6 +112,7 @@ impl Reconciler {
             .lock()
             .expect("not poisoned")
             .clear();
+        *self.node_write_refused.lock().expect("not poisoned") = None;
         let mut outcome = match desired {
             Desired::Nothing => self.leave_alone().await,
             Desired::MissingKey { key } => Outcome::Failed {
@@ -270,10 +274,9 @@ impl Reconciler {
         let cordoned = node::cordon(&self.nodes(), &self.node_name, &reason)
             .await
             .map_err(|e| {
-                failed(
-                    "ApiError",
-                    format!("could not cordon: {}", node::describe(&e)),
-                )
+                let what = format!("could not cordon: {}", node::describe(&e));
+                self.note_refusal(&what, &e);
+                failed("ApiError", what)
             })?;
         if cordoned {
             self.event(EventType::Normal, "Cordoned", &reason).await;
@@ -456,11 +459,12 @@ impl Reconciler {
         self.metrics.set_state(state.as_str());
         if let Err(e) = node::set_state(&self.nodes(), &self.node_name, state, reason, hash).await {
             warn!(error = %e, state = state.as_str(), "could not publish the state on the node");
-            self.node_write_failed(format!(
+            let what = format!(
                 "could not publish state {} on the node: {}",
                 state.as_str(),
                 node::describe(&e)
-            ));
+            );
+            self.node_write_failed(what, &e);
         }
     }
 
@@ -475,10 +479,8 @@ impl Reconciler {
             Ok(false) => {}
             Err(e) => {
                 warn!(error = %e, "could not uncordon; will retry");
-                self.node_write_failed(format!(
-                    "could not uncordon the node: {}",
-                    node::describe(&e)
-                ));
+                let what = format!("could not uncordon the node: {}", node::describe(&e));
+                self.node_write_failed(what, &e);
             }
         }
     }
@@ -493,11 +495,27 @@ impl Reconciler {
         })
     }
 
-    fn node_write_failed(&self, what: String) {
+    fn node_write_failed(&self, what: String, error: &kube::Error) {
+        self.note_refusal(&what, error);
         self.node_write_failures
             .lock()
             .expect("not poisoned")
             .push(what);
+    }
+
+    /// Remember a write the API server refused with 403 (see [`Self::refused_node_write`]).
+    fn note_refusal(&self, what: &str, error: &kube::Error) {
+        if matches!(error, kube::Error::Api(s) if s.code == 403) {
+            *self.node_write_refused.lock().expect("not poisoned") = Some(what.to_string());
+        }
+    }
+
+    /// The Node write of the last reconcile that the API server refused (403), if any.
+    pub fn refused_node_write(&self) -> Option<String> {
+        self.node_write_refused
+            .lock()
+            .expect("not poisoned")
+            .clone()
     }
 
     async fn fail(&self, reason: &'static str, message: &str) {
