@@ -1643,8 +1643,29 @@ fn the_daemonset_env_and_mounts_match_the_agent_flags() {
                 let read =
                     host_path(&pod, plugin, &env_value(plugin, "CONFIG_FILE").unwrap()).unwrap();
                 let boot = container(&pod, "plugin-config-bootstrap");
-                let booted =
-                    host_path(&pod, boot, &env_value(boot, "CONFIG_FILE").unwrap()).unwrap();
+                let boot_file = env_value(boot, "GPU_SHARE_PLUGIN_CONFIG").unwrap();
+                let booted = host_path(&pod, boot, &boot_file).unwrap();
+                assert_eq!(
+                    boot.image,
+                    agent.image,
+                    "{}",
+                    what("the bootstrap is the agent's image")
+                );
+                // Its args, run by this build, create the empty file the plugin needs.
+                let dir = tempfile::tempdir().unwrap();
+                let file = dir.path().join("device-plugin/config.yaml");
+                let run = Command::new(gpu_share_bin())
+                    .args(boot.args.iter().flatten())
+                    .env("GPU_SHARE_PLUGIN_CONFIG", &file)
+                    .output()
+                    .unwrap();
+                assert!(run.status.success(), "{}", node_sim::text(&run));
+                assert_eq!(
+                    std::fs::read(&file).unwrap(),
+                    b"",
+                    "{}",
+                    what("an empty config")
+                );
                 assert_eq!(
                     written.0,
                     read.0,

@@ -61,6 +61,24 @@ enum Command {
     /// MPS on this node, set-up steps outside the agent.
     #[command(subcommand)]
     Mps(MpsCommand),
+    /// The NVIDIA device plugin's config file, set-up steps outside the agent.
+    #[command(subcommand)]
+    DevicePlugin(DevicePluginCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum DevicePluginCommand {
+    /// Create an empty config (the plugin's defaults: whole GPUs, no sharing) unless the file
+    /// exists: the plugin exits without one, and the agent writes one only once a profile
+    /// applies. An init container runs it before the plugin starts.
+    InitConfig(InitConfigArgs),
+}
+
+#[derive(Args, Debug)]
+struct InitConfigArgs {
+    /// The config file the plugin reads (its CONFIG_FILE) and the agent writes.
+    #[arg(long, env = "GPU_SHARE_PLUGIN_CONFIG")]
+    plugin_config: PathBuf,
 }
 
 #[derive(Subcommand, Debug)]
@@ -313,6 +331,18 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             let report = crate::doctor::run(c, args.nvml.nvml_lib.as_deref(), profile.as_ref());
             emit(args.out.output, &report, crate::doctor::render_text)?;
             Ok(ExitCode::from(report.exit_code()))
+        }
+        Command::DevicePlugin(DevicePluginCommand::InitConfig(args)) => {
+            let path = &args.plugin_config;
+            match crate::device_plugin::create_empty_unless_present(path) {
+                Ok(true) => println!("{}: created, empty", path.display()),
+                Ok(false) => println!("{}: exists, left as it is", path.display()),
+                Err(e) => {
+                    eprintln!("error: cannot create {}: {e}", path.display());
+                    return Ok(ExitCode::FAILURE);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Mps(MpsCommand::MountShm(args)) => {
             match crate::mps::shm::mount_shm(&args.root, &args.proc_root) {

@@ -35,6 +35,29 @@ pub fn write_if_changed(path: &Path, text: &str) -> std::io::Result<bool> {
     Ok(true)
 }
 
+/// Create an empty config at `path` (the NVIDIA plugin's defaults: whole GPUs, no sharing)
+/// unless a file is there already; returns whether it created one. The plugin exits at start
+/// when its config file is missing, and the agent writes one only once a profile applies; an
+/// existing file is the node's last applied config, kept across pod restarts and upgrades.
+pub fn create_empty_unless_present(path: &Path) -> std::io::Result<bool> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir)?;
+    }
+    // create_new: two starts racing never truncate what the other (or the agent) wrote.
+    match fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+    {
+        Ok(file) => {
+            file.sync_all()?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// How to find the device-plugin process to signal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SignalTarget {
@@ -149,6 +172,17 @@ mod tests {
             None => "0::/system.slice/containerd.service\n".into(),
         };
         fs::write(dir.join("cgroup"), cgroup).unwrap();
+    }
+
+    #[test]
+    fn an_empty_config_is_created_once_and_an_existing_one_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("device-plugin/config.yaml");
+        assert!(create_empty_unless_present(&path).unwrap());
+        assert_eq!(fs::read(&path).unwrap(), b"");
+        fs::write(&path, "version: v1\n").unwrap();
+        assert!(!create_empty_unless_present(&path).unwrap());
+        assert_eq!(fs::read_to_string(&path).unwrap(), "version: v1\n");
     }
 
     #[test]

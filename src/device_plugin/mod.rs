@@ -15,7 +15,7 @@ mod rules;
 use std::collections::BTreeMap;
 
 pub use config::{Flags, PluginConfig, ReplicatedResource, ReplicatedResources, Sharing};
-pub use file::{reload, write_if_changed, ReloadError, SignalTarget};
+pub use file::{create_empty_unless_present, reload, write_if_changed, ReloadError, SignalTarget};
 pub use rules::check as plugin_rules;
 
 use crate::plan::{GpuPlan, PlannedMode};
