@@ -109,6 +109,29 @@ macro_rules! sym {
     };
 }
 
+/// `nvmlGpuInstanceGetInfo` and `nvmlComputeInstanceGetInfo_v2` fill structs that differ in
+/// type but share the fields read here (`id`, `profileId`, `placement.start/size`): one body for
+/// both. `$handle` must be a live handle of the kind `$call` takes.
+macro_rules! instance_info {
+    ($nvml:expr, $handle:expr, $call:ident, $info:ty) => {{
+        let f = sym!($nvml, $call);
+        let mut info = MaybeUninit::<$info>::zeroed();
+        // SAFETY: the caller's live handle; a valid out-pointer.
+        let rc = unsafe { f($handle, info.as_mut_ptr()) };
+        check($nvml, stringify!($call), rc)?;
+        // SAFETY: filled on success.
+        let info = unsafe { info.assume_init() };
+        Ok(InstanceInfo {
+            id: info.id,
+            profile_id: info.profileId,
+            placement: Placement {
+                start: info.placement.start,
+                size: info.placement.size,
+            },
+        })
+    }};
+}
+
 /// The profile id (`info.id`) and instance cap of GPU-instance profile `index`, or `None` when
 /// this GPU does not have that profile.
 pub fn gpu_instance_profile(
@@ -192,21 +215,13 @@ impl<'n> GpuInstance<'n> {
 
     /// Id, profile id and placement.
     pub fn info(&self, nvml: &'n Nvml) -> Result<InstanceInfo, NvmlCallError> {
-        let f = sym!(nvml, nvmlGpuInstanceGetInfo);
-        let mut info = MaybeUninit::<nvmlGpuInstanceInfo_t>::zeroed();
-        // SAFETY: live GI handle; valid out-pointer.
-        let rc = unsafe { f(self.handle, info.as_mut_ptr()) };
-        check(nvml, "nvmlGpuInstanceGetInfo", rc)?;
-        // SAFETY: filled on success.
-        let info = unsafe { info.assume_init() };
-        Ok(InstanceInfo {
-            id: info.id,
-            profile_id: info.profileId,
-            placement: Placement {
-                start: info.placement.start,
-                size: info.placement.size,
-            },
-        })
+        // The macro needs a live handle: `self` holds one for the Nvml it borrows.
+        instance_info!(
+            nvml,
+            self.handle,
+            nvmlGpuInstanceGetInfo,
+            nvmlGpuInstanceInfo_t
+        )
     }
 
     /// The profile id and cap of compute-instance profile `index` inside this GI, or `None`.
@@ -282,21 +297,13 @@ impl<'n> ComputeInstance<'n> {
 
     /// Id, profile id and placement inside its GI.
     pub fn info(&self, nvml: &'n Nvml) -> Result<InstanceInfo, NvmlCallError> {
-        let f = sym!(nvml, nvmlComputeInstanceGetInfo_v2);
-        let mut info = MaybeUninit::<nvmlComputeInstanceInfo_t>::zeroed();
-        // SAFETY: live CI handle; valid out-pointer.
-        let rc = unsafe { f(self.handle, info.as_mut_ptr()) };
-        check(nvml, "nvmlComputeInstanceGetInfo_v2", rc)?;
-        // SAFETY: filled on success.
-        let info = unsafe { info.assume_init() };
-        Ok(InstanceInfo {
-            id: info.id,
-            profile_id: info.profileId,
-            placement: Placement {
-                start: info.placement.start,
-                size: info.placement.size,
-            },
-        })
+        // The macro needs a live handle: `self` holds one for the Nvml it borrows.
+        instance_info!(
+            nvml,
+            self.handle,
+            nvmlComputeInstanceGetInfo_v2,
+            nvmlComputeInstanceInfo_t
+        )
     }
 
     /// Destroy this compute instance.
