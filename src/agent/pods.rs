@@ -6,24 +6,50 @@
 
 use std::collections::BTreeSet;
 
-use crate::plan::{ObservedNode, Step};
+use crate::plan::{ObservedGpu, ObservedNode, Step};
+
+/// What one step takes away from its GPU.
+#[derive(Debug, Clone, Copy)]
+enum Loss {
+    /// The MIG mode changes: the whole GPU and every MIG device on it.
+    WholeGpu,
+    /// GPU instance `gi_id` is destroyed, with its MIG devices.
+    Instance(u32),
+}
+
+impl Loss {
+    /// Whether something on GPU instance `gi` (`None`: the GPU itself, MIG off) goes with it.
+    fn covers(self, gi: Option<u32>) -> bool {
+        match self {
+            Loss::WholeGpu => true,
+            Loss::Instance(lost) => gi == Some(lost),
+        }
+    }
+}
+
+/// Each step that takes something away, with its GPU as observed; the one rule both
+/// [`disturbed_processes`] and [`disturbed_devices`] follow.
+fn losses<'a>(
+    steps: &'a [Step],
+    observed: &'a ObservedNode,
+) -> impl Iterator<Item = (&'a ObservedGpu, Loss)> + 'a {
+    steps.iter().filter_map(|step| {
+        let loss = match step {
+            Step::DestroyInstance { gi_id, .. } => Loss::Instance(*gi_id),
+            Step::SetMigMode { .. } => Loss::WholeGpu,
+            Step::CreateInstance { .. } | Step::CompleteInstance { .. } => return None,
+        };
+        let gpu = observed.gpus.iter().find(|g| g.index == step.gpu())?;
+        Some((gpu, loss))
+    })
+}
 
 /// The processes a set of steps would disturb: (GPU index, PID).
 pub fn disturbed_processes(steps: &[Step], observed: &ObservedNode) -> Vec<(u32, u32)> {
     let mut out = BTreeSet::new();
-    for step in steps {
-        let Some(gpu) = observed.gpus.iter().find(|g| g.index == step.gpu()) else {
-            continue;
-        };
-        for p in &gpu.processes {
-            let hit = match step {
-                Step::DestroyInstance { gi_id, .. } => p.gi_id == Some(*gi_id),
-                Step::SetMigMode { .. } => true,
-                Step::CreateInstance { .. } | Step::CompleteInstance { .. } => false,
-            };
-            if hit {
-                out.insert((gpu.index, p.pid));
-            }
+    for (gpu, loss) in losses(steps, observed) {
+        for p in gpu.processes.iter().filter(|p| loss.covers(p.gi_id)) {
+            out.insert((gpu.index, p.pid));
         }
     }
     out.into_iter().collect()
@@ -34,22 +60,14 @@ pub fn disturbed_processes(steps: &[Step], observed: &ObservedNode) -> Vec<(u32,
 /// and all its MIG devices.
 pub fn disturbed_devices(steps: &[Step], observed: &ObservedNode) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    for step in steps {
-        let Some(gpu) = observed.gpus.iter().find(|g| g.index == step.gpu()) else {
-            continue;
-        };
-        let destroyed_gi = match step {
-            Step::DestroyInstance { gi_id, .. } => Some(*gi_id),
-            Step::SetMigMode { .. } => {
-                out.extend(gpu.uuid.clone());
-                None
-            }
-            Step::CreateInstance { .. } | Step::CompleteInstance { .. } => continue,
-        };
+    for (gpu, loss) in losses(steps, observed) {
+        if matches!(loss, Loss::WholeGpu) {
+            out.extend(gpu.uuid.clone());
+        }
         out.extend(
             gpu.compute_instances
                 .iter()
-                .filter(|ci| destroyed_gi.is_none_or(|gi| ci.gi_id == gi))
+                .filter(|ci| loss.covers(Some(ci.gi_id)))
                 .filter_map(|ci| ci.uuid.clone()),
         );
     }
@@ -61,7 +79,6 @@ mod tests {
     use super::*;
     use crate::gpu::ObservedComputeInstance;
     use crate::mig::Placement;
-    use crate::plan::ObservedGpu;
 
     /// GPU `index` with MIG on and one MIG device per GPU instance id in `gis`.
     fn mig_gpu(index: u32, gis: &[u32]) -> ObservedGpu {
