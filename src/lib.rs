@@ -20,4 +20,5 @@ pub mod mig;
 pub mod mps;
 pub mod plan;
 pub mod profile;
+pub mod sharing;
 pub mod timeslice;

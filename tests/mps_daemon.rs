@@ -451,7 +451,7 @@ fn plan_to_running_daemon() {
     )
     .unwrap();
     let planned = plan("mps", &profile, &observed).unwrap();
-    let specs = specs_from_plan(&planned, &observed).unwrap();
+    let specs = specs_from_plan(&planned.gpus, planned.mig_strategy, &observed).unwrap();
     let report = reconcile(&node.settings, &specs).unwrap();
     assert_eq!(report.started, [RESOURCE]);
     let limit = observed.gpus[0].memory_mib.unwrap() / 4;

@@ -219,7 +219,7 @@ fn share(
     observed: &ObservedNode,
     opts: &ApplyOptions,
 ) -> Result<(), ApplyError> {
-    let specs = daemon::specs_from_plan(&report.plan, observed)?;
+    let specs = daemon::specs_from_plan(&report.plan.gpus, report.plan.mig_strategy, observed)?;
     let mut settings = opts.mps.clone();
     if let Some(config) = &mut report.plan.device_plugin_config {
         if config.flags.mps_root.is_some() {

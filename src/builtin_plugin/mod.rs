@@ -34,10 +34,9 @@ pub mod server;
 
 use std::collections::BTreeSet;
 
-use serde::Serialize;
-
 use crate::profile::{Mode, Problem, Profile, Rule};
 
+pub use crate::sharing::PluginKind;
 pub use cdi::{DeviceListStrategy, DeviceListing};
 pub use inventory::{DeviceEntry, Inventory, MpsClient, ResourceDevices};
 pub use manager::{ManagerSettings, PluginManager};
@@ -46,19 +45,6 @@ pub use manager::{ManagerSettings, PluginManager};
 pub const DEFAULT_DIR: &str = "/var/lib/kubelet/device-plugins";
 /// Where a container finds an MPS pipe directory (the NVIDIA plugin's layout).
 pub const CONTAINER_MPS_ROOT: &str = "/mps";
-
-/// Which device plugin advertises the node's GPUs to the kubelet.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, clap::ValueEnum, serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum PluginKind {
-    /// The stock NVIDIA k8s-device-plugin, configured through the file gpu-share writes.
-    #[default]
-    Nvidia,
-    /// gpu-share's own plugin, run inside the agent.
-    Builtin,
-}
 
 /// What the rules alone show the built-in plugin cannot do. It advertises exactly the plan's
 /// resources, so most profiles are fine; what remains is MPS: one control daemon per resource

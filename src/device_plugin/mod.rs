@@ -18,8 +18,8 @@ pub use config::{Flags, PluginConfig, ReplicatedResource, ReplicatedResources, S
 pub use file::{create_empty_unless_present, reload, write_if_changed, ReloadError, SignalTarget};
 pub use rules::check as plugin_rules;
 
-use crate::plan::{GpuPlan, PlannedMode};
 use crate::profile::{mig_counts, MigStrategy, Mode, Problem, Profile, Rule};
+use crate::sharing::{GpuPlan, PlannedMode};
 use crate::{mps, timeslice};
 
 /// Where the NVIDIA plugin and its MPS daemon keep MPS pipes (helm and GPU Operator default).

@@ -228,8 +228,10 @@ fn uses_mps(plan: &NodePlan, node: Option<&ObservedNode>) -> bool {
             g.mode,
             PlannedMode::Mps { .. } | PlannedMode::Mig { mps: Some(_), .. }
         )
-    }) || node
-        .is_some_and(|n| crate::mps::daemon::specs_from_plan(plan, n).is_ok_and(|s| !s.is_empty()))
+    }) || node.is_some_and(|n| {
+        crate::mps::daemon::specs_from_plan(&plan.gpus, plan.mig_strategy, n)
+            .is_ok_and(|s| !s.is_empty())
+    })
 }
 
 /// MPS clients reach their server through `/dev/shm`, which the built-in plugin's clients and

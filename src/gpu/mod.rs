@@ -5,6 +5,7 @@
 //! library path is configurable (`--nvml-lib` / `GPU_SHARE_NVML_LIB`), so tests point the real
 //! code at the fake `libnvidia-ml.so` in `tests/fake-nvml`.
 
+mod observed;
 pub mod raw;
 
 use std::ffi::OsStr;
@@ -16,7 +17,7 @@ use nvml_wrapper::{Device, Nvml};
 use serde::{Deserialize, Serialize};
 
 use crate::mig::{catalog, ExistingInstance, GpuInstanceProfile, GpuModel, Placement};
-use crate::plan::{MigMode, ObservedGpu, ObservedNode};
+pub use observed::{MigDevice, MigMode, ObservedGpu, ObservedNode};
 pub use raw::NvmlCallError;
 
 /// `NVML_GPU_INSTANCE_PROFILE_COUNT` in the NVML 13 header nvml-wrapper-sys 0.10 binds.

@@ -37,7 +37,9 @@ use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
-use crate::plan::{GpuPlan, NodePlan, ObservedNode, PlannedMode};
+use crate::gpu::ObservedNode;
+use crate::profile::MigStrategy;
+use crate::sharing::{GpuPlan, PlannedMode};
 
 /// The control binary, found on `PATH`.
 pub const DEFAULT_CONTROL_BINARY: &str = "nvidia-cuda-mps-control";
@@ -252,19 +254,24 @@ pub fn mig_daemon_name(resource: &str, uuid: &str) -> String {
 /// different active thread percentages: a daemon has one default. Pinned memory limits are per
 /// GPU, so they may differ.
 pub fn specs_from_plan(
-    plan: &NodePlan,
+    gpus: &[GpuPlan],
+    mig_strategy: MigStrategy,
     observed: &ObservedNode,
 ) -> Result<Vec<DaemonSpec>, MpsError> {
-    let mut specs = whole_gpu_specs(plan, observed)?;
-    specs.extend(mig_device_specs(plan, observed)?);
+    let mut specs = whole_gpu_specs(gpus, observed)?;
+    specs.extend(mig_device_specs(gpus, mig_strategy, observed)?);
     Ok(specs)
 }
 
 /// A daemon for each MIG device of a GPU whose plan shares its MIG devices through MPS, seeing
 /// only that device (`CUDA_VISIBLE_DEVICES=<MIG UUID>`, so its device index is 0).
-fn mig_device_specs(plan: &NodePlan, observed: &ObservedNode) -> Result<Vec<DaemonSpec>, MpsError> {
+fn mig_device_specs(
+    gpus: &[GpuPlan],
+    mig_strategy: MigStrategy,
+    observed: &ObservedNode,
+) -> Result<Vec<DaemonSpec>, MpsError> {
     let mut specs = Vec::new();
-    for gpu in &plan.gpus {
+    for gpu in gpus {
         let PlannedMode::Mig {
             replicas,
             mps: Some(mps),
@@ -277,12 +284,8 @@ fn mig_device_specs(plan: &NodePlan, observed: &ObservedNode) -> Result<Vec<Daem
             continue;
         };
         for device in seen.mig_devices() {
-            let resource = crate::plan::mig_resource(
-                device.profile,
-                plan.mig_strategy,
-                renamed(gpu),
-                *replicas,
-            );
+            let resource =
+                crate::sharing::mig_resource(device.profile, mig_strategy, renamed(gpu), *replicas);
             let Some(uuid) = device.uuid else {
                 return Err(MpsError::Spec {
                     resource,
@@ -317,7 +320,7 @@ fn renamed(gpu: &GpuPlan) -> bool {
 }
 
 /// The daemons for whole GPUs: one per resource name.
-fn whole_gpu_specs(plan: &NodePlan, observed: &ObservedNode) -> Result<Vec<DaemonSpec>, MpsError> {
+fn whole_gpu_specs(gpus: &[GpuPlan], observed: &ObservedNode) -> Result<Vec<DaemonSpec>, MpsError> {
     /// The MPS settings of a GPU planned for MPS.
     fn mps(gpu: &GpuPlan) -> Option<(Option<u32>, Option<u64>)> {
         match gpu.mode {
@@ -330,7 +333,7 @@ fn whole_gpu_specs(plan: &NodePlan, observed: &ObservedNode) -> Result<Vec<Daemo
         }
     }
     let mut groups: BTreeMap<String, Vec<&GpuPlan>> = BTreeMap::new();
-    for gpu in plan.gpus.iter().filter(|g| mps(g).is_some()) {
+    for gpu in gpus.iter().filter(|g| mps(g).is_some()) {
         // An MPS GPU advertises one resource: nvidia.com/gpu, or nvidia.com/gpu.shared.
         let resource = gpu
             .resources
@@ -1257,7 +1260,7 @@ mod tests {
     fn specs(yaml: &str, node: &ObservedNode) -> Result<Vec<DaemonSpec>, MpsError> {
         let profile = parse_profile("test", yaml).expect("profile parses");
         let plan = plan("test", &profile, node).expect("plan");
-        specs_from_plan(&plan, node)
+        specs_from_plan(&plan.gpus, plan.mig_strategy, node)
     }
 
     /// GPU 0 of an H100 node with two 3g.40gb MIG devices, as NVML shows it after the apply.
@@ -1301,7 +1304,7 @@ mod tests {
             crate::builtin_plugin::PluginKind::Builtin,
         )
         .expect("plan");
-        let specs = specs_from_plan(&plan, &node).unwrap();
+        let specs = specs_from_plan(&plan.gpus, plan.mig_strategy, &node).unwrap();
         let names: Vec<&str> = specs.iter().map(|s| s.resource.as_str()).collect();
         assert_eq!(
             names,
@@ -1336,7 +1339,9 @@ mod tests {
 
         let mut no_uuid = node.clone();
         no_uuid.gpus[0].compute_instances[1].uuid = None;
-        let err = specs_from_plan(&plan, &no_uuid).unwrap_err().to_string();
+        let err = specs_from_plan(&plan.gpus, plan.mig_strategy, &no_uuid)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("has no UUID"), "{err}");
     }
 
@@ -1421,7 +1426,9 @@ mod tests {
         {
             *active_thread_percentage = Some(25);
         }
-        let text = specs_from_plan(&plan, &node).unwrap_err().to_string();
+        let text = specs_from_plan(&plan.gpus, plan.mig_strategy, &node)
+            .unwrap_err()
+            .to_string();
         assert!(text.contains("nvidia.com/gpu"), "{text}");
         assert!(
             text.contains("GPU 0: 50") && text.contains("GPU 2: 25"),

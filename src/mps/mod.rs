@@ -5,8 +5,8 @@
 pub mod daemon;
 pub mod shm;
 
-use crate::plan::PlannedMode;
 use crate::profile::Mps;
+use crate::sharing::PlannedMode;
 
 /// The MPS server accepts at most 48 clients per device on compute capability >= 7.5 (16 on
 /// older GPUs); NVIDIA's MPS daemon refuses more replicas ("invalid device maximum allowed

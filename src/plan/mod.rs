@@ -1,23 +1,23 @@
 //! Planning: from an observed node and a profile to what must change, per GPU, and what the
 //! node will advertise afterwards. Pure: nothing here touches a GPU or the API server.
 
-mod observed;
 mod steps;
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-pub use observed::{MigDevice, MigMode, ObservedGpu, ObservedNode};
+pub use crate::gpu::{MigDevice, MigMode, ObservedGpu, ObservedNode};
+pub use crate::sharing::{mig_resource, shared_name, GpuPlan, MigModeChange, MigMps, PlannedMode};
 pub use steps::{steps, Step};
 
-use crate::builtin_plugin::PluginKind;
 use crate::device_plugin::{self, PluginConfig};
 use crate::mig::{self, catalog, Geometry, GpuModel};
 use crate::mps::{parse_pinned_memory_limit, PinnedMemoryLimit};
 use crate::profile::{
     mig_counts, mig_strategy, validate_for, MigStrategy, Mode, Mps, Problem, Profile, Rule, RuleRef,
 };
+use crate::sharing::PluginKind;
 use crate::timeslice;
 
 /// What a node needs to match a profile.
@@ -43,79 +43,6 @@ impl NodePlan {
     pub fn changes_no_mig(&self) -> bool {
         self.gpus.iter().all(GpuPlan::changes_no_mig)
     }
-}
-
-/// What one GPU needs.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct GpuPlan {
-    pub index: u32,
-    pub product: String,
-    /// The rule that selected this GPU; none means it stays exclusive.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rule: Option<RuleRef>,
-    pub mode: PlannedMode,
-    /// A MIG mode change, when needed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mig_mode: Option<MigModeChange>,
-    /// GPU instances to keep, destroy and create.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub geometry: Option<Geometry>,
-    pub resources: BTreeMap<String, u64>,
-}
-
-impl GpuPlan {
-    pub fn changes_no_mig(&self) -> bool {
-        self.mig_mode.is_none() && self.geometry.as_ref().is_none_or(Geometry::is_unchanged)
-    }
-}
-
-/// Turn MIG mode on or off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MigModeChange {
-    Enable,
-    Disable,
-}
-
-/// The mode a GPU ends up in, with the numbers the executors need.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "type", rename_all = "camelCase")]
-pub enum PlannedMode {
-    Exclusive,
-    TimeSlicing {
-        replicas: u64,
-    },
-    #[serde(rename_all = "camelCase")]
-    Mps {
-        replicas: u64,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        active_thread_percentage: Option<u32>,
-        /// Pinned device memory per client, with `auto` worked out from the GPU's memory.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        pinned_memory_limit_mib: Option<u64>,
-    },
-    Mig {
-        instances: BTreeMap<String, u32>,
-        /// Replicas of each MIG device, time-sliced or MPS clients (1: not shared).
-        replicas: u64,
-        /// Set when the MIG devices are shared through MPS rather than time-sliced.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        mps: Option<MigMps>,
-    },
-}
-
-/// MPS inside MIG devices: one control daemon per MIG device (MIG User Guide), with these
-/// defaults for its clients.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct MigMps {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub active_thread_percentage: Option<u32>,
-    /// Pinned device memory per client, by MIG profile (`auto`: the profile's memory divided by
-    /// the replicas).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub pinned_memory_limit_mib: BTreeMap<String, u64>,
 }
 
 /// Plan `profile` (named `name`) for `node`. Any error in the profile, or a rule the node's
@@ -374,24 +301,4 @@ fn plan_mig(
     };
     let geometry = mig::solve(model, wanted, existing).map_err(|e| e.to_string())?;
     Ok((model, geometry))
-}
-
-/// The resource a MIG device of `profile` is advertised under: `nvidia.com/mig-<profile>`, or
-/// `nvidia.com/gpu` under the single strategy, `.shared` when renamed.
-pub fn mig_resource(profile: &str, strategy: MigStrategy, rename: bool, replicas: u64) -> String {
-    let base = match strategy {
-        MigStrategy::Single => timeslice::GPU_RESOURCE.to_string(),
-        _ => catalog::resource_name(profile),
-    };
-    shared_name(&base, rename, replicas)
-}
-
-/// Shared devices get the `.shared` suffix when the profile asks for `renameByDefault`, as the
-/// device plugin does.
-pub fn shared_name(resource: &str, rename_by_default: bool, replicas: u64) -> String {
-    if rename_by_default && replicas > 1 {
-        format!("{resource}.shared")
-    } else {
-        resource.to_string()
-    }
 }

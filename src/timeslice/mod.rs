@@ -2,8 +2,9 @@
 //! the pods that land on it. No memory or fault isolation; this module owns its validation and
 //! its share of the advertised resources.
 
-use crate::plan::PlannedMode;
 use crate::profile::{MigStrategy, TimeSlicing};
+use crate::sharing::PlannedMode;
+pub use crate::sharing::GPU_RESOURCE;
 
 /// The NVIDIA device plugin refuses `replicas < 2` ("number of replicas must be >= 2"); one
 /// replica is not sharing, so a profile says `exclusive: true` instead.
@@ -51,9 +52,6 @@ pub fn plugin_resources(mode: &PlannedMode, strategy: MigStrategy) -> Vec<(Strin
         _ => Vec::new(),
     }
 }
-
-/// The resource whole GPUs are advertised under.
-pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::gpu::{ComputeMode, GpuProcess, ObservedComputeInstance};
+use super::{ComputeMode, GpuProcess, ObservedComputeInstance};
 use crate::mig::{catalog, ExistingInstance};
 
 /// Every GPU on one node.
