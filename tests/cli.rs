@@ -245,6 +245,47 @@ fn catalog_lists_every_model() {
     );
 }
 
+/// Issue 13 item 8: every source `catalog` prints is a document a user can open (a URL or a
+/// pinned repository file), never an id of a private search index; item 12: the compute-instance
+/// profiles of each GI profile are shown, the unverified ones marked.
+#[test]
+fn catalog_shows_openable_sources_and_marks_unverified_compute_instances() {
+    let text = stdout(&gpu_share(&["catalog"]));
+    let sources: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("source: "))
+        .collect();
+    let models = gpu_share::mig::catalog::catalog().models.len();
+    assert!(sources.len() >= models, "{text}");
+    for s in &sources {
+        assert!(
+            gpu_share::mig::catalog::is_public_reference(s),
+            "unopenable source {s:?}"
+        );
+    }
+    for private in ["find_string", "search id"] {
+        assert!(!text.contains(private), "{text}");
+    }
+    assert!(
+        text.contains("    source: https://github.com/NVIDIA/mig-parted/issues/120\n"),
+        "{text}"
+    );
+    // H100 1g.20gb: 1_SLICE (0) offered but unverified, 1_SLICE_REV1 (7) the default.
+    let h100 = &text[text.find("h100-80gb-sxm ").unwrap()..];
+    let after_1g20 = &h100[h100.find("    1g.20gb ").unwrap()..];
+    let ci_line = after_1g20.lines().nth(1).unwrap();
+    assert_eq!(ci_line, "      compute instances: 0:1cx1? 7:1cx1*");
+
+    let json = json(&gpu_share(&["catalog", "-o", "json"]));
+    for m in json.as_array().unwrap() {
+        for s in m["sources"].as_array().unwrap() {
+            assert!(gpu_share::mig::catalog::is_public_reference(
+                s.as_str().unwrap()
+            ));
+        }
+    }
+}
+
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }

@@ -201,10 +201,35 @@ pub(super) fn catalog(models: &Vec<GpuModel>) -> String {
                 starts.join(","),
                 p.slots()
             );
+            let _ = writeln!(out, "      compute instances: {}", compute_instances(p));
         }
-        let _ = writeln!(out, "    source: {}", m.source);
+        let _ = writeln!(out, "    basis: {}", m.basis);
+        for source in &m.sources {
+            let _ = writeln!(out, "    source: {source}");
+        }
     }
+    out.push_str(
+        "\ncompute instances: <CI profile index>:<slices>cx<max>; * = the one gpu-share creates \
+         (nvidia-smi's default), ? = not seen in real nvidia-smi mig -lcip output\n",
+    );
     out
+}
+
+/// The CI profiles a GI of this profile offers: `index:<c>cx<max>`, `*` on the one gpu-share
+/// creates (nvidia-smi's default), `?` where no real `-lcip` output backs the entry.
+fn compute_instances(p: &crate::mig::catalog::GpuInstanceProfile) -> String {
+    let cis = crate::mig::catalog::catalog().ci_profiles(p);
+    let entry = |c: &crate::mig::catalog::ComputeInstanceProfile| {
+        format!(
+            "{}:{}cx{}{}{}",
+            c.ci_profile_index,
+            c.slice_count,
+            c.instance_count,
+            if c.default { "*" } else { "" },
+            if c.verified { "" } else { "?" }
+        )
+    };
+    cis.iter().map(entry).collect::<Vec<_>>().join(" ")
 }
 
 /// The device-plugin config the plan would write, or its difference from the file there now.

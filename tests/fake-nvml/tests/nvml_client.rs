@@ -924,3 +924,47 @@ fn legacy_names_fill_their_own_struct_versions() {
     let Some(run) = run else { return };
     run.assert_passed();
 }
+
+/// Issue 13 item 12: a real client (go-nvml through mig-parted's default configs) creates
+/// `1g.20gb` devices with CI profile index 0 (`NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE`); the fake
+/// answered NOT_SUPPORTED. The driver's own default CI there stays 1_SLICE_REV1 (7).
+#[test]
+fn one_slice_compute_instance_on_a_1g_20gb_gpu_instance() {
+    let state = State::with_gpus([enabled("h100")]);
+    let run = scenario(
+        "one_slice_compute_instance_on_a_1g_20gb_gpu_instance",
+        state,
+        &[],
+        || {
+            let nvml = open();
+            let dev = nvml.device_by_index(0).unwrap();
+            let gi = create_gi(&nvml, &dev, 15, None).unwrap();
+            // SAFETY: zeroed C struct, filled by the call.
+            let mut info: nvmlComputeInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
+            let get = sym!(nvml, nvmlGpuInstanceGetComputeInstanceProfileInfo);
+            // SAFETY: handle from the library, valid out-pointer.
+            assert_eq!(unsafe { get(gi, 0, 0, &mut info) }, 0);
+            assert_eq!((info.id, info.sliceCount, info.instanceCount), (0, 1, 1));
+            // SAFETY: as above.
+            assert_eq!(unsafe { get(gi, 7, 0, &mut info) }, 0);
+            assert_eq!(info.id, 7);
+            let ci = create_ci(&nvml, gi, 0).expect("1_SLICE CI on a 1g.20gb GI");
+            assert_eq!(
+                dev.mig_device_by_index(0).unwrap().name().unwrap(),
+                "NVIDIA H100 80GB HBM3 MIG 1g.20gb"
+            );
+            // The GI has one compute slice: a second CI, of either profile, does not fit.
+            assert_eq!(
+                create_ci(&nvml, gi, 7),
+                Err(nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES)
+            );
+            // SAFETY: handle from the library.
+            assert_eq!(unsafe { sym!(nvml, nvmlComputeInstanceDestroy)(ci) }, 0);
+            create_ci(&nvml, gi, 7).expect("the default 1_SLICE_REV1 CI");
+        },
+    );
+    let Some(run) = run else { return };
+    run.assert_passed();
+    let gi = &run.state.gpus[0].gpu_instances[0];
+    assert_eq!((gi.profile_id, gi.compute_instances[0].profile_id), (15, 7));
+}
