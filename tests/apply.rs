@@ -436,3 +436,89 @@ fn a_missing_library_says_which_layer_is_broken() {
         "{stderr}"
     );
 }
+
+/// How many times `cause` is in the run's stderr: an error's message says its cause, and the
+/// chain printed after it (`error: {e:#}`) must not say it again (issue 13, item 7).
+fn times_in_stderr(out: &std::process::Output, cause: &str) -> usize {
+    String::from_utf8_lossy(&out.stderr).matches(cause).count()
+}
+
+#[test]
+fn a_missing_library_is_named_once() {
+    let node = CliNode::new(vec![]);
+    let out = node.gpu_share(
+        &["status", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(
+        times_in_stderr(&out, "cannot open shared object file"),
+        1,
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        times_in_stderr(&out, "libloading"),
+        0,
+        "nvml-wrapper's wording is noise: {}",
+        text(&out)
+    );
+}
+
+#[test]
+fn an_nvml_error_is_said_once() {
+    let node = CliNode::new(gpus("h100", 1, true));
+    node.apply_ok("h100-balanced");
+    // h100-inference destroys h100-balanced's instances: its first compute-instance destroy
+    // is refused with IN_USE (19), as the driver does while a process holds it.
+    let out = node.gpu_share(
+        &["apply", "--profile", &profile_path("h100-inference")],
+        &[(
+            "FAKE_NVML_FAIL",
+            "nvmlComputeInstanceDestroy:1:NVML_ERROR_IN_USE".into(),
+        )],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(
+        times_in_stderr(&out, "nvmlComputeInstanceDestroy failed"),
+        1,
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        times_in_stderr(&out, "(NVML error 19)"),
+        1,
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn a_missing_file_is_said_once() {
+    let node = CliNode::new(gpus("h100", 1, true));
+    let config = node.state_dir.with_file_name("plugin-config.yaml");
+    let out = node.gpu_share(
+        &[
+            "apply",
+            "--profile",
+            &profile_path("h100-balanced"),
+            "--plugin-config",
+            config.to_str().unwrap(),
+            "--plugin-pid-file",
+            "/nonexistent/nvidia-device-plugin.pid",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("/nonexistent/nvidia-device-plugin.pid"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        times_in_stderr(&out, "No such file or directory"),
+        1,
+        "{}",
+        text(&out)
+    );
+}

@@ -99,7 +99,8 @@ pub struct Busy {
     pub pids: Vec<u32>,
 }
 
-/// Why an apply stopped.
+/// Why an apply stopped. A message that says its cause does not also return it as `source()`
+/// (printed with its chain, the cause would show twice).
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
     #[error("the profile cannot be applied to this node; nothing was changed")]
@@ -108,17 +109,14 @@ pub enum ApplyError {
     Busy(Vec<Busy>),
     #[error(transparent)]
     Gpu(#[from] GpuError),
-    #[error("cannot write the journal in {dir}: {source}")]
-    Journal { dir: String, source: std::io::Error },
+    #[error("cannot write the journal in {dir}: {cause}")]
+    Journal { dir: String, cause: std::io::Error },
     #[error("after applying, the GPUs still differ from the plan: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Verify(Vec<Step>),
     #[error("no interrupted apply to resume: the state dir {0} has no journal")]
     NothingToResume(String),
-    #[error("cannot write the device-plugin config {path}: {source}")]
-    PluginConfig {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("cannot write the device-plugin config {path}: {cause}")]
+    PluginConfig { path: String, cause: std::io::Error },
     #[error(transparent)]
     Reload(#[from] ReloadError),
     #[error(transparent)]
@@ -267,9 +265,9 @@ fn publish_plugin_config(report: &mut ApplyReport, opts: &ApplyOptions) -> Resul
         set_reload_owed(opts, true)?;
     }
     report.plugin_config_written =
-        write_if_changed(&out.config_path, &text).map_err(|source| ApplyError::PluginConfig {
+        write_if_changed(&out.config_path, &text).map_err(|cause| ApplyError::PluginConfig {
             path: out.config_path.display().to_string(),
-            source,
+            cause,
         })?;
     if report.plugin_config_written {
         info!(path = %out.config_path.display(), "device-plugin config written");
@@ -428,6 +426,6 @@ fn remove_journal(opts: &ApplyOptions) -> Result<(), ApplyError> {
 fn journal_error(opts: &ApplyOptions, source: std::io::Error) -> ApplyError {
     ApplyError::Journal {
         dir: opts.state_dir.display().to_string(),
-        source,
+        cause: source,
     }
 }
