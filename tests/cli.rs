@@ -391,3 +391,77 @@ fn mps_inside_mig_devices_is_planned_per_device_with_its_client_limit() {
         stdout(&out)
     );
 }
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Issue 13, item 4: `--gpu` specs that used to plan a node other than the one meant.
+#[test]
+fn plan_refuses_gpu_specs_that_would_mislead() {
+    let plan_on = |gpu: &str| {
+        gpu_share(&[
+            "plan",
+            "--profile",
+            "profiles/h100-inference.yaml",
+            "--gpu",
+            gpu,
+        ])
+    };
+    for (gpu, says) in [
+        (
+            "h10x8",
+            "\"h10\" is not in the MIG catalog; did you mean `h100` or `h20`?",
+        ),
+        (
+            "h100x17",
+            "17 GPUs of h100; a simulated node holds 1 to 16 (MAX_SIMULATED_GPUS)",
+        ),
+        ("", "no GPU model"),
+    ] {
+        let out = plan_on(gpu);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "--gpu {gpu:?}: {}",
+            stderr(&out)
+        );
+        assert!(
+            stderr(&out).contains(says),
+            "--gpu {gpu:?}: {}",
+            stderr(&out)
+        );
+        assert!(out.stdout.is_empty(), "--gpu {gpu:?}: no plan printed");
+    }
+}
+
+#[test]
+fn a_mig_profile_on_a_name_outside_the_catalog_says_so() {
+    let out = gpu_share(&[
+        "plan",
+        "--profile",
+        "profiles/h100-inference.yaml",
+        "--gpu",
+        "NVIDIA H10x2",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains(
+            "\"NVIDIA H10\" is not in the MIG catalog, so it is taken as a GPU without MIG"
+        ),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn plan_help_says_how_names_outside_the_catalog_are_taken() {
+    let help = stdout(&gpu_share(&["plan", "--help"]));
+    for says in [
+        "N from 1 to 16",
+        "A name not in the catalog is taken as a GPU without MIG",
+        "a typo away from a catalog model",
+    ] {
+        assert!(help.contains(says), "{says:?} missing from:\n{help}");
+    }
+}

@@ -359,7 +359,7 @@ fn plan_mig(
     wanted: &BTreeMap<String, u32>,
 ) -> Result<(&'static GpuModel, Geometry), String> {
     if gpu.mig.is_none() {
-        return Err("this GPU cannot run MIG, but the rule asks for MIG instances".into());
+        return Err(no_mig_mode(&gpu.product));
     }
     let model = catalog().model_by_product(&gpu.product).ok_or_else(|| {
         format!(
@@ -374,6 +374,21 @@ fn plan_mig(
     };
     let geometry = mig::solve(model, wanted, existing).map_err(|e| e.to_string())?;
     Ok((model, geometry))
+}
+
+/// Why a GPU without a MIG mode cannot take MIG instances. A product the catalog does not know
+/// is the usual reason (a typo'd `--gpu`, a GPU without MIG, or a MIG GPU missing from the
+/// catalog), and "cannot run MIG" alone would hide that the name was not recognised.
+fn no_mig_mode(product: &str) -> String {
+    if catalog().model_by_product(product).is_some() {
+        "this GPU cannot run MIG (NVML reports no MIG mode), but the rule asks for MIG instances"
+            .into()
+    } else {
+        format!(
+            "the rule asks for MIG instances, but {product:?} is not in the MIG catalog, so it is \
+             taken as a GPU without MIG (`gpu-share catalog` lists the MIG-capable models)"
+        )
+    }
 }
 
 /// The resource a MIG device of `profile` is advertised under: `nvidia.com/mig-<profile>`, or
