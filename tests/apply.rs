@@ -522,3 +522,17 @@ fn a_missing_file_is_said_once() {
         text(&out)
     );
 }
+
+/// Issue 13, item 5: `apply` says which rule's GPUs this node lacks, as `plan` does.
+#[test]
+fn apply_warns_about_rules_naming_gpus_the_node_lacks() {
+    let node = CliNode::new(gpus("h100", 2, true));
+    let out = node.apply_ok("h100-inference");
+    assert!(
+        out.contains("warning: profile \"h100-inference\", rule 2 \"time-sliced\" (devices [4, 5, 6, 7]): selects GPU 4-7, which this node does not have (it has GPU 0-1)"),
+        "{out}"
+    );
+    let report = apply_report(&node, "h100-inference", &[]);
+    let warnings = report["plan"]["warnings"].to_string();
+    assert!(warnings.contains("selects GPU 4-7"), "{warnings}");
+}

@@ -465,3 +465,70 @@ fn plan_help_says_how_names_outside_the_catalog_are_taken() {
         assert!(help.contains(says), "{says:?} missing from:\n{help}");
     }
 }
+
+/// Issue 13, item 5: h100-inference's rules name GPUs 0-3 and 4-7; on a 2-GPU node the
+/// missing ones were dropped without a word.
+#[test]
+fn plan_warns_about_rules_naming_gpus_the_node_lacks() {
+    let first = "warning: profile \"h100-inference\", rule 1 \"partitioned\" (devices [0, 1, 2, 3]): selects GPU 2-3, which this node does not have (it has GPU 0-1): nothing is planned for them";
+    let second = "warning: profile \"h100-inference\", rule 2 \"time-sliced\" (devices [4, 5, 6, 7]): selects GPU 4-7, which this node does not have (it has GPU 0-1): nothing is planned for them";
+    let simulated = [
+        "plan",
+        "--profile",
+        "profiles/h100-inference.yaml",
+        "--gpu",
+        "h100x2",
+    ];
+    let out = gpu_share(&simulated);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains(first) && text.contains(second), "{text}");
+
+    // The same node observed (`plan --current`), in JSON: the warnings name rule and indices.
+    let dir = tempfile::tempdir().unwrap();
+    let current = dir.path().join("node.yaml");
+    std::fs::write(
+        &current,
+        "gpus:\n  - {index: 0, product: NVIDIA H100 80GB HBM3, memoryMib: 81559, mig: {current: false, pending: false}}\n  - {index: 1, product: NVIDIA H100 80GB HBM3, memoryMib: 81559, mig: {current: false, pending: false}}\n",
+    )
+    .unwrap();
+    let out = gpu_share(&[
+        "plan",
+        "--profile",
+        "profiles/h100-inference.yaml",
+        "--current",
+        path(&current),
+        "-o",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let warnings = json(&out)["warnings"].clone();
+    let about_rule = |n: u64| {
+        warnings
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["rule"]["number"] == n)
+            .unwrap_or_else(|| panic!("no warning for rule {n}: {warnings}"))
+            .clone()
+    };
+    assert_eq!(about_rule(2)["severity"], "warning");
+    assert_eq!(
+        about_rule(2)["message"],
+        "selects GPU 4-7, which this node does not have (it has GPU 0-1): nothing is planned for them"
+    );
+    assert!(about_rule(1)["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("selects GPU 2-3,"));
+
+    // A node with every GPU the rules name: no such warning.
+    let out = gpu_share(&[
+        "plan",
+        "--profile",
+        "profiles/h100-inference.yaml",
+        "--gpu",
+        "h100x8",
+    ]);
+    assert!(!stdout(&out).contains("does not have"), "{}", stdout(&out));
+}

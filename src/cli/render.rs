@@ -295,6 +295,9 @@ pub(super) fn applied(report: &ApplyReport) -> String {
     if let Some(pid) = report.plugin_reloaded {
         let _ = writeln!(out, "device plugin (PID {pid}) signalled to reload");
     }
+    for w in &report.plan.warnings {
+        let _ = writeln!(out, "{w}");
+    }
     out
 }
 
