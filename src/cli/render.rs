@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::Checked;
-use crate::apply::ApplyReport;
+use crate::apply::{ApplyReport, Interrupted, InterruptedOutcome};
 use crate::mig::{Geometry, GpuModel};
 use crate::plan::{GpuPlan, MigModeChange, NodePlan, ObservedGpu, ObservedNode, PlannedMode};
 
@@ -244,13 +244,37 @@ pub(super) fn plugin_config(
     out
 }
 
+/// What became of an interrupted apply, and what of it had been done.
+fn interrupted(old: &Interrupted, new_profile: &str) -> String {
+    let done = match old.steps_done.as_slice() {
+        [] => format!("none of its {} steps had been done", old.steps_planned),
+        steps => format!(
+            "{} of its {} steps had been done ({})",
+            steps.len(),
+            old.steps_planned,
+            steps
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+    };
+    match old.outcome {
+        InterruptedOutcome::RolledForward => {
+            format!("rolled forward an interrupted apply of profile {:?}: {done}", old.profile)
+        }
+        InterruptedOutcome::Superseded => format!(
+            "an interrupted apply of profile {:?} was superseded by profile {new_profile:?}: {done}; \
+             the GPUs went from where it left them to {new_profile:?}",
+            old.profile
+        ),
+    }
+}
+
 pub(super) fn applied(report: &ApplyReport) -> String {
     let mut out = String::new();
     if let Some(old) = &report.interrupted {
-        let _ = writeln!(
-            out,
-            "rolled forward an interrupted apply of profile {old:?}"
-        );
+        let _ = writeln!(out, "{}", interrupted(old, &report.profile));
     }
     for step in &report.steps {
         let _ = writeln!(out, "done: {step}");
