@@ -305,7 +305,8 @@ fn describe(s: &Socket) -> &'static str {
     }
 }
 
-/// The allocatable check needs the API server; there is no Kubernetes client yet.
+/// The allocatable check needs the API server, and doctor checks the node only: it never talks
+/// to the API server, so it says so instead of passing.
 pub(super) fn allocatable(_ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
     let expect = facts.plan.as_ref().map_or_else(String::new, |p| {
         format!(" (the profile expects {})", resources(&p.resources))
@@ -314,7 +315,7 @@ pub(super) fn allocatable(_ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
         "allocatable",
         format!(
             "not checked: comparing the node's allocatable resources with the plugin's needs \
-             the API server, and gpu-share has no Kubernetes client yet; by hand: `kubectl get \
+             the API server, and doctor reads only this node; by hand: `kubectl get \
              node <node> -o jsonpath='{{.status.allocatable}}'`{expect}"
         ),
     )

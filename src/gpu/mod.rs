@@ -1,7 +1,9 @@
 //! The one door to NVML: read the node's GPUs and change their MIG configuration and compute
 //! mode.
 //!
-//! Built on nvml-wrapper; the MIG calls it lacks go through [`raw`], the only unsafe code. The
+//! Built on nvml-wrapper; the MIG calls it lacks go through [`raw`], which holds the FFI calls.
+//! The only unsafe code here takes a device's raw handle for them (`Device::handle()`, unsafe
+//! in nvml-wrapper), each block with its SAFETY comment. The
 //! library path is configurable (`--nvml-lib` / `GPU_SHARE_NVML_LIB`), so tests point the real
 //! code at the fake `libnvidia-ml.so` in `tests/fake-nvml`.
 
