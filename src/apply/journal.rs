@@ -1,6 +1,7 @@
 //! The apply journal: written before the first mutation, updated after each step, removed when
 //! the node matches. A journal found at start means an apply was interrupted; it names the
-//! profile to roll forward to.
+//! profile `apply --resume` rolls forward to, and what had been done. Applying another profile
+//! instead supersedes it (the report says which happened).
 
 use std::fs;
 use std::io::Write;

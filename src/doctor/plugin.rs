@@ -1,7 +1,8 @@
 //! Layer 5, the device plugin: the kubelet's device-plugin directory holds `kubelet.sock` and
 //! one socket per resource the plugin serves, `nvidia-<name after "nvidia.com/">.sock`
 //! (`nvidia-gpu.sock`, `nvidia-mig-1g.10gb.sock`). A socket file nobody listens on is stale.
-//! Whether the node's allocatable resources match is for the API server to say: not checked yet.
+//! Whether the node's allocatable resources match is for the API server to say, and doctor does
+//! not ask it: that check is always reported as skipped.
 //!
 //! With `--plugin builtin` the agent serves those sockets itself once it runs, so only
 //! `kubelet.sock` must be live (a missing resource socket is a warning), and a profile with MPS
