@@ -532,3 +532,25 @@ fn plan_warns_about_rules_naming_gpus_the_node_lacks() {
     ]);
     assert!(!stdout(&out).contains("does not have"), "{}", stdout(&out));
 }
+
+/// Issue 13, item 7: kube's config error quotes the file error and returns it as its source
+/// too; printed as a chain, "No such file or directory" came out three times.
+#[test]
+fn the_agent_without_a_kubeconfig_names_the_missing_file_once() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+        .arg("agent")
+        .env("NODE_NAME", "gpu-node-1")
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .output()
+        .expect("run gpu-share agent");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("/nonexistent/kubeconfig"), "{said}");
+    assert_eq!(
+        said.matches("No such file or directory").count(),
+        1,
+        "{said}"
+    );
+}

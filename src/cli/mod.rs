@@ -294,7 +294,7 @@ pub fn run() -> ExitCode {
         Ok(code) => code,
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", render::error_chain(&e));
             ExitCode::from(2)
         }
     }

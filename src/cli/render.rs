@@ -405,3 +405,111 @@ fn on_off(on: bool) -> &'static str {
         "off"
     }
 }
+
+/// An error and its causes, each said once: `message: cause: cause`, leaving out a cause whose
+/// words are already there. gpu-share's own errors either say their cause or return it as
+/// `source()`, never both; some libraries' errors do both (kube's config errors quote the
+/// file error and return it too, nvml-wrapper's quote libloading's), and `{:#}` would repeat
+/// them.
+pub(super) fn error_chain(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.is_empty() {
+            text = part;
+        } else if !text.contains(&part) {
+            text = format!("{text}: {part}");
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+    use crate::apply::compute_mode::RecordError;
+    use crate::apply::ApplyError;
+    use crate::device_plugin::ReloadError;
+    use crate::gpu::{GpuError, NvmlCallError};
+    use crate::mps::daemon::MpsError;
+
+    /// Whether some error in `e`'s chain says its cause and also returns it as `source()`.
+    fn says_a_cause_twice(e: &(dyn Error + 'static)) -> bool {
+        let mut level = Some(e);
+        while let Some(error) = level {
+            if let Some(source) = error.source() {
+                if error.to_string().contains(&source.to_string()) {
+                    return true;
+                }
+            }
+            level = error.source();
+        }
+        false
+    }
+
+    fn io() -> std::io::Error {
+        std::io::Error::from(std::io::ErrorKind::NotFound)
+    }
+
+    /// Issue 13, item 7, at the root: each of our error types that wraps a cause says it once,
+    /// whatever prints it (`{e}` in logs and Events, the chain on the command line).
+    #[test]
+    fn our_errors_say_their_cause_once() {
+        let call = NvmlCallError {
+            call: "nvmlComputeInstanceDestroy",
+            code: 19,
+            text: "In use by another client".into(),
+        };
+        let errors: Vec<Box<dyn Error + 'static>> = vec![
+            Box::new(ApplyError::Gpu(GpuError::Call {
+                index: 0,
+                cause: call,
+            })),
+            Box::new(ApplyError::Journal {
+                dir: "/var/lib/gpu-share".into(),
+                cause: io(),
+            }),
+            Box::new(ApplyError::PluginConfig {
+                path: "/config.yaml".into(),
+                cause: io(),
+            }),
+            Box::new(ApplyError::Reload(ReloadError::PidFile {
+                path: "/plugin.pid".into(),
+                cause: io(),
+            })),
+            Box::new(ApplyError::ComputeModeRecord(RecordError {
+                action: "write",
+                path: "/record.json".into(),
+                cause: io(),
+            })),
+            Box::new(ApplyError::Mps(MpsError::Root {
+                root: "/run/nvidia/mps".into(),
+                action: "list",
+                path: "/run/nvidia/mps".into(),
+                cause: io(),
+            })),
+        ];
+        for e in &errors {
+            assert!(!says_a_cause_twice(e.as_ref()), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_library_error_that_repeats_its_cause_is_printed_with_it_once() {
+        /// As kube's config errors are: the cause in the message and as `source()`.
+        #[derive(Debug, thiserror::Error)]
+        #[error("failed to read kubeconfig: {0}")]
+        struct Repeats(#[source] std::io::Error);
+
+        let e = anyhow::Error::new(Repeats(io())).context("cannot find the Kubernetes API");
+        assert_eq!(
+            error_chain(&e),
+            format!(
+                "cannot find the Kubernetes API: failed to read kubeconfig: {}",
+                io()
+            )
+        );
+    }
+}
