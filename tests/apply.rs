@@ -436,3 +436,161 @@ fn a_missing_library_says_which_layer_is_broken() {
         "{stderr}"
     );
 }
+
+/// How many times `cause` is in the run's stderr: an error's message says its cause, and the
+/// chain printed after it (`error: {e:#}`) must not say it again (issue 13, item 7).
+fn times_in_stderr(out: &std::process::Output, cause: &str) -> usize {
+    String::from_utf8_lossy(&out.stderr).matches(cause).count()
+}
+
+#[test]
+fn a_missing_library_is_named_once() {
+    let node = CliNode::new(vec![]);
+    let out = node.gpu_share(
+        &["status", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(
+        times_in_stderr(&out, "cannot open shared object file"),
+        1,
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        times_in_stderr(&out, "libloading"),
+        0,
+        "nvml-wrapper's wording is noise: {}",
+        text(&out)
+    );
+}
+
+#[test]
+fn an_nvml_error_is_said_once() {
+    let node = CliNode::new(gpus("h100", 1, true));
+    node.apply_ok("h100-balanced");
+    // h100-inference destroys h100-balanced's instances: its first compute-instance destroy
+    // is refused with IN_USE (19), as the driver does while a process holds it.
+    let out = node.gpu_share(
+        &["apply", "--profile", &profile_path("h100-inference")],
+        &[(
+            "FAKE_NVML_FAIL",
+            "nvmlComputeInstanceDestroy:1:NVML_ERROR_IN_USE".into(),
+        )],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(
+        times_in_stderr(&out, "nvmlComputeInstanceDestroy failed"),
+        1,
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        times_in_stderr(&out, "(NVML error 19)"),
+        1,
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn a_missing_file_is_said_once() {
+    let node = CliNode::new(gpus("h100", 1, true));
+    let config = node.state_dir.with_file_name("plugin-config.yaml");
+    let out = node.gpu_share(
+        &[
+            "apply",
+            "--profile",
+            &profile_path("h100-balanced"),
+            "--plugin-config",
+            config.to_str().unwrap(),
+            "--plugin-pid-file",
+            "/nonexistent/nvidia-device-plugin.pid",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("/nonexistent/nvidia-device-plugin.pid"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        times_in_stderr(&out, "No such file or directory"),
+        1,
+        "{}",
+        text(&out)
+    );
+}
+
+/// Issue 13, item 5: `apply` says which rule's GPUs this node lacks, as `plan` does.
+#[test]
+fn apply_warns_about_rules_naming_gpus_the_node_lacks() {
+    let node = CliNode::new(gpus("h100", 2, true));
+    let out = node.apply_ok("h100-inference");
+    assert!(
+        out.contains("warning: profile \"h100-inference\", rule 2 \"time-sliced\" (devices [4, 5, 6, 7]): selects GPU 4-7, which this node does not have (it has GPU 0-1)"),
+        "{out}"
+    );
+    let report = apply_report(&node, "h100-inference", &[]);
+    let warnings = report["plan"]["warnings"].to_string();
+    assert!(warnings.contains("selects GPU 4-7"), "{warnings}");
+}
+
+/// Issue 13, item 6: a failed `apply --force` leaves its journal; the next apply of another
+/// profile used to print "rolled forward an interrupted apply" of the failed one, though none
+/// of it was carried out. It says what became of it, and what of it had been done.
+#[test]
+fn a_new_profile_supersedes_an_interrupted_apply_and_says_so() {
+    for (fail_at, done) in [
+        (1, "none of its 7 steps had been done"),
+        (
+            3,
+            "2 of its 7 steps had been done (GPU 0: create 1g.10gb at 0:1; GPU 0: create 1g.10gb at 1:1)",
+        ),
+    ] {
+        let node = CliNode::new(gpus("h100", 1, true));
+        let out = node.gpu_share(
+            &["apply", "--force", "--profile", &profile_path("h100-inference")],
+            &[(
+                "FAKE_NVML_FAIL",
+                format!("nvmlDeviceCreateGpuInstanceWithPlacement:{fail_at}:NVML_ERROR_UNKNOWN"),
+            )],
+        );
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(node.journal().exists(), "the failed apply leaves its journal");
+
+        let out = node.apply_ok("h100-balanced");
+        assert!(!out.contains("rolled forward"), "{out}");
+        let said = format!("an interrupted apply of profile \"h100-inference\" was superseded by profile \"h100-balanced\": {done}; the GPUs went from where it left them to \"h100-balanced\"");
+        assert!(out.contains(&said), "{said}\nnot in\n{out}");
+        assert_matches(&node, "h100-balanced");
+        assert!(!node.journal().exists());
+    }
+}
+
+#[test]
+fn resuming_the_same_profile_rolls_it_forward_and_says_what_was_done() {
+    let node = CliNode::new(gpus("h100", 1, true));
+    let out = node.gpu_share(
+        &["apply", "--profile", &profile_path("h100-inference")],
+        &[(
+            "FAKE_NVML_FAIL",
+            "nvmlDeviceCreateGpuInstanceWithPlacement:2:NVML_ERROR_UNKNOWN".into(),
+        )],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let out = node.gpu_share(&["apply", "--resume", "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let interrupted = &report["interrupted"];
+    assert_eq!(interrupted["profile"], "h100-inference");
+    assert_eq!(interrupted["outcome"], "rolledForward");
+    assert_eq!(interrupted["stepsPlanned"], 7);
+    assert_eq!(
+        interrupted["stepsDone"].as_array().map(Vec::len),
+        Some(1),
+        "{interrupted}"
+    );
+    assert_matches(&node, "h100-inference");
+}

@@ -390,7 +390,29 @@ mod on_a_node {
         );
         assert_eq!(
             errors,
-            ["error: profile \"bad\", rule 1 (devices all), GPU 0 (NVIDIA GeForce RTX 4090): this GPU cannot run MIG, but the rule asks for MIG instances"]
+            ["error: profile \"bad\", rule 1 (devices all), GPU 0 (NVIDIA GeForce RTX 4090): the rule asks for MIG instances, but \"NVIDIA GeForce RTX 4090\" is not in the MIG catalog, so it is taken as a GPU without MIG (`gpu-share catalog` lists the MIG-capable models)"]
+        );
+    }
+
+    #[test]
+    fn mig_on_a_catalog_gpu_whose_nvml_reports_no_mig_mode() {
+        let profile = read_profiles(
+            "bad",
+            "version: v1\nrules: [{devices: all, mig: {1g.10gb: 7}}]\n",
+        )
+        .remove(0)
+        .profile
+        .unwrap();
+        let mut node = ObservedNode::simulated(&["h100".into()]);
+        node.gpus[0].mig = None;
+        let errors: Vec<String> = plan("bad", &profile, &node)
+            .expect_err("plan must refuse")
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            errors,
+            ["error: profile \"bad\", rule 1 (devices all), GPU 0 (NVIDIA H100 80GB HBM3): this GPU cannot run MIG (NVML reports no MIG mode), but the rule asks for MIG instances"]
         );
     }
 

@@ -245,6 +245,47 @@ fn catalog_lists_every_model() {
     );
 }
 
+/// Issue 13 item 8: every source `catalog` prints is a document a user can open (a URL or a
+/// pinned repository file), never an id of a private search index; item 12: the compute-instance
+/// profiles of each GI profile are shown, the unverified ones marked.
+#[test]
+fn catalog_shows_openable_sources_and_marks_unverified_compute_instances() {
+    let text = stdout(&gpu_share(&["catalog"]));
+    let sources: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("source: "))
+        .collect();
+    let models = gpu_share::mig::catalog::catalog().models.len();
+    assert!(sources.len() >= models, "{text}");
+    for s in &sources {
+        assert!(
+            gpu_share::mig::catalog::is_public_reference(s),
+            "unopenable source {s:?}"
+        );
+    }
+    for private in ["find_string", "search id"] {
+        assert!(!text.contains(private), "{text}");
+    }
+    assert!(
+        text.contains("    source: https://github.com/NVIDIA/mig-parted/issues/120\n"),
+        "{text}"
+    );
+    // H100 1g.20gb: 1_SLICE (0) offered but unverified, 1_SLICE_REV1 (7) the default.
+    let h100 = &text[text.find("h100-80gb-sxm ").unwrap()..];
+    let after_1g20 = &h100[h100.find("    1g.20gb ").unwrap()..];
+    let ci_line = after_1g20.lines().nth(1).unwrap();
+    assert_eq!(ci_line, "      compute instances: 0:1cx1? 7:1cx1*");
+
+    let json = json(&gpu_share(&["catalog", "-o", "json"]));
+    for m in json.as_array().unwrap() {
+        for s in m["sources"].as_array().unwrap() {
+            assert!(gpu_share::mig::catalog::is_public_reference(
+                s.as_str().unwrap()
+            ));
+        }
+    }
+}
+
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -389,5 +430,168 @@ fn mps_inside_mig_devices_is_planned_per_device_with_its_client_limit() {
         stdout(&out).contains("the rule sets timeSlicing and mps and mig"),
         "{}",
         stdout(&out)
+    );
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Issue 13, item 4: `--gpu` specs that used to plan a node other than the one meant.
+#[test]
+fn plan_refuses_gpu_specs_that_would_mislead() {
+    let plan_on = |gpu: &str| {
+        gpu_share(&[
+            "plan",
+            "--profile",
+            "profiles/h100-inference.yaml",
+            "--gpu",
+            gpu,
+        ])
+    };
+    for (gpu, says) in [
+        (
+            "h10x8",
+            "\"h10\" is not in the MIG catalog; did you mean `h100` or `h20`?",
+        ),
+        (
+            "h100x17",
+            "17 GPUs of h100; a simulated node holds 1 to 16 (MAX_SIMULATED_GPUS)",
+        ),
+        ("", "no GPU model"),
+    ] {
+        let out = plan_on(gpu);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "--gpu {gpu:?}: {}",
+            stderr(&out)
+        );
+        assert!(
+            stderr(&out).contains(says),
+            "--gpu {gpu:?}: {}",
+            stderr(&out)
+        );
+        assert!(out.stdout.is_empty(), "--gpu {gpu:?}: no plan printed");
+    }
+}
+
+#[test]
+fn a_mig_profile_on_a_name_outside_the_catalog_says_so() {
+    let out = gpu_share(&[
+        "plan",
+        "--profile",
+        "profiles/h100-inference.yaml",
+        "--gpu",
+        "NVIDIA H10x2",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains(
+            "\"NVIDIA H10\" is not in the MIG catalog, so it is taken as a GPU without MIG"
+        ),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn plan_help_says_how_names_outside_the_catalog_are_taken() {
+    let help = stdout(&gpu_share(&["plan", "--help"]));
+    for says in [
+        "N from 1 to 16",
+        "A name not in the catalog is taken as a GPU without MIG",
+        "a typo away from a catalog model",
+    ] {
+        assert!(help.contains(says), "{says:?} missing from:\n{help}");
+    }
+}
+
+/// Issue 13, item 5: h100-inference's rules name GPUs 0-3 and 4-7; on a 2-GPU node the
+/// missing ones were dropped without a word.
+#[test]
+fn plan_warns_about_rules_naming_gpus_the_node_lacks() {
+    let first = "warning: profile \"h100-inference\", rule 1 \"partitioned\" (devices [0, 1, 2, 3]): selects GPU 2-3, which this node does not have (it has GPU 0-1): nothing is planned for them";
+    let second = "warning: profile \"h100-inference\", rule 2 \"time-sliced\" (devices [4, 5, 6, 7]): selects GPU 4-7, which this node does not have (it has GPU 0-1): nothing is planned for them";
+    let simulated = [
+        "plan",
+        "--profile",
+        "profiles/h100-inference.yaml",
+        "--gpu",
+        "h100x2",
+    ];
+    let out = gpu_share(&simulated);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains(first) && text.contains(second), "{text}");
+
+    // The same node observed (`plan --current`), in JSON: the warnings name rule and indices.
+    let dir = tempfile::tempdir().unwrap();
+    let current = dir.path().join("node.yaml");
+    std::fs::write(
+        &current,
+        "gpus:\n  - {index: 0, product: NVIDIA H100 80GB HBM3, memoryMib: 81559, mig: {current: false, pending: false}}\n  - {index: 1, product: NVIDIA H100 80GB HBM3, memoryMib: 81559, mig: {current: false, pending: false}}\n",
+    )
+    .unwrap();
+    let out = gpu_share(&[
+        "plan",
+        "--profile",
+        "profiles/h100-inference.yaml",
+        "--current",
+        path(&current),
+        "-o",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let warnings = json(&out)["warnings"].clone();
+    let about_rule = |n: u64| {
+        warnings
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["rule"]["number"] == n)
+            .unwrap_or_else(|| panic!("no warning for rule {n}: {warnings}"))
+            .clone()
+    };
+    assert_eq!(about_rule(2)["severity"], "warning");
+    assert_eq!(
+        about_rule(2)["message"],
+        "selects GPU 4-7, which this node does not have (it has GPU 0-1): nothing is planned for them"
+    );
+    assert!(about_rule(1)["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("selects GPU 2-3,"));
+
+    // A node with every GPU the rules name: no such warning.
+    let out = gpu_share(&[
+        "plan",
+        "--profile",
+        "profiles/h100-inference.yaml",
+        "--gpu",
+        "h100x8",
+    ]);
+    assert!(!stdout(&out).contains("does not have"), "{}", stdout(&out));
+}
+
+/// Issue 13, item 7: kube's config error quotes the file error and returns it as its source
+/// too; printed as a chain, "No such file or directory" came out three times.
+#[test]
+fn the_agent_without_a_kubeconfig_names_the_missing_file_once() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+        .arg("agent")
+        .env("NODE_NAME", "gpu-node-1")
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .output()
+        .expect("run gpu-share agent");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("/nonexistent/kubeconfig"), "{said}");
+    assert_eq!(
+        said.matches("No such file or directory").count(),
+        1,
+        "{said}"
     );
 }

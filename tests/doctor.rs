@@ -263,6 +263,13 @@ fn healthy_node_passes_every_layer() {
     assert!(r.said("device-plugin").contains("nvidia-mig-1g.10gb.sock"));
     // The allocatable check is said to be skipped, never passed.
     assert!(r.said("allocatable").contains("not checked"));
+    // and why, truly: gpu-share has a Kubernetes client (the agent's); doctor does not use it.
+    assert!(
+        r.said("allocatable")
+            .contains("doctor reads only this node"),
+        "{}",
+        r.said("allocatable")
+    );
     assert!(r.said("cuda").contains("Corresponding Driver Versions"));
 
     // Text: one line per check, status first.
@@ -345,7 +352,10 @@ fn mig_profile_on_a_gpu_without_mig_fails_at_profile() {
     );
     let r = node.fails_at("profile", &["--profile", &mig_everywhere()]);
     let said = r.said("profile");
-    assert!(said.contains("cannot run MIG"), "{said}");
+    assert!(
+        said.contains("is not in the MIG catalog, so it is taken as a GPU without MIG"),
+        "{said}"
+    );
     assert!(
         said.contains("cannot do MIG: give it timeSlicing or mps"),
         "{said}"

@@ -157,12 +157,12 @@ pub fn decide(mps: &BTreeSet<u32>, observed: &[ObservedGpu], record: &Record) ->
 
 /// Why the record could not be read or written.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot {action} the compute-mode record {path}: {source}")]
+#[error("cannot {action} the compute-mode record {path}: {cause}")]
 pub struct RecordError {
     pub action: &'static str,
     pub path: String,
-    #[source]
-    pub source: std::io::Error,
+    /// Said in the message, so not a `source()` too (the chain would repeat it).
+    pub cause: std::io::Error,
 }
 
 /// Carries out a [`Decision`] in two halves around the MPS reconcile, keeping the record.
@@ -258,17 +258,17 @@ impl<'a> Executor<'a> {
     }
 }
 
-fn record_error(state_dir: &Path, action: &'static str, source: std::io::Error) -> RecordError {
+fn record_error(state_dir: &Path, action: &'static str, cause: std::io::Error) -> RecordError {
     RecordError {
         action,
         path: state_dir.join(RECORD_FILE).display().to_string(),
-        source,
+        cause,
     }
 }
 
 fn failure(c: &ModeChange, e: &GpuError) -> ModeFailure {
     let (error, detail) = match e {
-        GpuError::Wrapper { source, .. } => (nvml_error_name(source), source.to_string()),
+        GpuError::Wrapper { cause, .. } => (nvml_error_name(cause), cause.to_string()),
         other => (other.to_string(), other.to_string()),
     };
     let consequence = match c.to {

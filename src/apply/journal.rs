@@ -1,6 +1,7 @@
 //! The apply journal: written before the first mutation, updated after each step, removed when
 //! the node matches. A journal found at start means an apply was interrupted; it names the
-//! profile to roll forward to.
+//! profile `apply --resume` rolls forward to, and what had been done. Applying another profile
+//! instead supersedes it (the report says which happened).
 
 use std::fs;
 use std::io::Write;
@@ -20,11 +21,24 @@ pub struct Journal {
     pub profile_name: String,
     pub profile: Profile,
     pub steps: Vec<Step>,
-    /// How many steps completed.
+    /// How many steps, from the first, were dealt with: carried out, or skipped because their
+    /// GPU waits for a reset (those GPUs are in `waiting_for_reset`).
     pub done: usize,
+    /// GPUs whose MIG mode change stayed pending: their later steps were skipped, not done.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_for_reset: Vec<u32>,
 }
 
 impl Journal {
+    /// The steps that were carried out (a pending MIG mode change counts: it was asked for).
+    pub fn carried_out(&self) -> impl Iterator<Item = &Step> {
+        self.steps[..self.done.min(self.steps.len())]
+            .iter()
+            .filter(|s| {
+                !self.waiting_for_reset.contains(&s.gpu()) || matches!(s, Step::SetMigMode { .. })
+            })
+    }
+
     fn path(state_dir: &Path) -> PathBuf {
         state_dir.join(FILE)
     }
@@ -69,4 +83,48 @@ pub(crate) fn write_json_atomically(
     tmp.as_file().sync_all()?;
     tmp.persist(state_dir.join(file)).map_err(|e| e.error)?;
     fs::File::open(state_dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mig::Placement;
+    use crate::profile::parse_profile;
+
+    /// GPU 0's MIG mode change stayed pending, so its create was skipped while GPU 1's went
+    /// on: only what was carried out is listed, in order.
+    #[test]
+    fn carried_out_leaves_out_steps_skipped_for_a_reset() {
+        let create = |gpu| Step::CreateInstance {
+            gpu,
+            profile: "7g.80gb".into(),
+            placement: Placement { start: 0, size: 8 },
+        };
+        let journal = Journal {
+            profile_name: "p".into(),
+            profile: parse_profile("p", "version: v1\nrules: []\n").unwrap(),
+            steps: vec![
+                Step::SetMigMode {
+                    gpu: 0,
+                    enable: true,
+                },
+                create(0),
+                create(1),
+                create(2),
+            ],
+            done: 3,
+            waiting_for_reset: vec![0],
+        };
+        let done: Vec<&Step> = journal.carried_out().collect();
+        assert_eq!(
+            done,
+            [
+                &Step::SetMigMode {
+                    gpu: 0,
+                    enable: true
+                },
+                &create(1)
+            ]
+        );
+    }
 }

@@ -59,9 +59,9 @@ pub struct DevicePluginOutput {
 #[serde(rename_all = "camelCase")]
 pub struct ApplyReport {
     pub profile: String,
-    /// The profile of an interrupted apply found in the journal, when there was one.
+    /// An interrupted apply found in the journal, when there was one, and what became of it.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub interrupted: Option<String>,
+    pub interrupted: Option<Interrupted>,
     /// Steps carried out, in order.
     pub steps: Vec<Step>,
     /// GPUs whose MIG mode change waits for a GPU reset or reboot.
@@ -92,6 +92,49 @@ impl ApplyReport {
     }
 }
 
+/// An interrupted apply found in the journal: what it had done, and whether this apply finished
+/// its job or replaced it with another profile.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Interrupted {
+    /// The profile the interrupted apply was making the node match.
+    pub profile: String,
+    pub outcome: InterruptedOutcome,
+    /// Its steps that had completed before it stopped, in order (none when it failed at once).
+    pub steps_done: Vec<Step>,
+    /// How many steps it had planned.
+    pub steps_planned: usize,
+}
+
+/// What an apply did with the interrupted one it found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum InterruptedOutcome {
+    /// Same profile (`apply --resume`, or the same file again): its job is finished from the
+    /// GPUs' current state.
+    RolledForward,
+    /// Another profile (or another version of it) was applied instead: the interrupted one's
+    /// remaining steps were dropped and the GPUs taken from where they were to the new one.
+    Superseded,
+}
+
+impl Interrupted {
+    /// What `journal` left becomes when `name`'s `profile` is applied.
+    fn found(journal: Journal, name: &str, profile: &Profile) -> Self {
+        let outcome = if journal.profile_name == name && journal.profile == *profile {
+            InterruptedOutcome::RolledForward
+        } else {
+            InterruptedOutcome::Superseded
+        };
+        Interrupted {
+            steps_done: journal.carried_out().cloned().collect(),
+            steps_planned: journal.steps.len(),
+            profile: journal.profile_name,
+            outcome,
+        }
+    }
+}
+
 /// An instance that cannot be touched because processes run on it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Busy {
@@ -99,7 +142,8 @@ pub struct Busy {
     pub pids: Vec<u32>,
 }
 
-/// Why an apply stopped.
+/// Why an apply stopped. A message that says its cause does not also return it as `source()`
+/// (printed with its chain, the cause would show twice).
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
     #[error("the profile cannot be applied to this node; nothing was changed")]
@@ -108,17 +152,14 @@ pub enum ApplyError {
     Busy(Vec<Busy>),
     #[error(transparent)]
     Gpu(#[from] GpuError),
-    #[error("cannot write the journal in {dir}: {source}")]
-    Journal { dir: String, source: std::io::Error },
+    #[error("cannot write the journal in {dir}: {cause}")]
+    Journal { dir: String, cause: std::io::Error },
     #[error("after applying, the GPUs still differ from the plan: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Verify(Vec<Step>),
     #[error("no interrupted apply to resume: the state dir {0} has no journal")]
     NothingToResume(String),
-    #[error("cannot write the device-plugin config {path}: {source}")]
-    PluginConfig {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("cannot write the device-plugin config {path}: {cause}")]
+    PluginConfig { path: String, cause: std::io::Error },
     #[error(transparent)]
     Reload(#[from] ReloadError),
     #[error(transparent)]
@@ -148,13 +189,21 @@ pub fn apply(
     profile: &Profile,
     opts: &ApplyOptions,
 ) -> Result<ApplyReport, ApplyError> {
-    let interrupted = leftover(opts)?;
-    if let Some(j) = &interrupted {
+    let interrupted = leftover(opts)?.map(|j| Interrupted::found(j, name, profile));
+    if let Some(i) = &interrupted {
+        let what = match i.outcome {
+            InterruptedOutcome::RolledForward => {
+                "found an interrupted apply; rolling forward from the GPUs' current state"
+            }
+            InterruptedOutcome::Superseded => {
+                "found an interrupted apply of another profile; the new profile supersedes it"
+            }
+        };
         warn!(
-            profile = %j.profile_name,
-            done = j.done,
-            steps = j.steps.len(),
-            "found an interrupted apply; rolling forward from the GPUs' current state"
+            profile = %i.profile,
+            done = i.steps_done.len(),
+            steps = i.steps_planned,
+            "{what}"
         );
     }
     let observed = gpus.observe()?;
@@ -166,7 +215,7 @@ pub fn apply(
     }
     let mut report = ApplyReport {
         profile: name.to_string(),
-        interrupted: interrupted.map(|j| j.profile_name),
+        interrupted,
         steps: Vec::new(),
         reset_required: Vec::new(),
         plugin_config_written: false,
@@ -186,10 +235,12 @@ pub fn apply(
         profile: profile.clone(),
         steps: todo.clone(),
         done: 0,
+        waiting_for_reset: Vec::new(),
     };
     save_journal(&journal, opts)?;
     for step in todo {
         if report.reset_required.contains(&step.gpu()) {
+            journal.done += 1;
             continue;
         }
         info!(%step, "applying");
@@ -198,6 +249,7 @@ pub fn apply(
         } else {
             warn!(%step, "MIG mode change is pending: the GPU needs a reset (or reboot) before its instances can be created");
             report.reset_required.push(step.gpu());
+            journal.waiting_for_reset.push(step.gpu());
         }
         journal.done += 1;
         save_journal(&journal, opts)?;
@@ -267,9 +319,9 @@ fn publish_plugin_config(report: &mut ApplyReport, opts: &ApplyOptions) -> Resul
         set_reload_owed(opts, true)?;
     }
     report.plugin_config_written =
-        write_if_changed(&out.config_path, &text).map_err(|source| ApplyError::PluginConfig {
+        write_if_changed(&out.config_path, &text).map_err(|cause| ApplyError::PluginConfig {
             path: out.config_path.display().to_string(),
-            source,
+            cause,
         })?;
     if report.plugin_config_written {
         info!(path = %out.config_path.display(), "device-plugin config written");
@@ -428,6 +480,6 @@ fn remove_journal(opts: &ApplyOptions) -> Result<(), ApplyError> {
 fn journal_error(opts: &ApplyOptions, source: std::io::Error) -> ApplyError {
     ApplyError::Journal {
         dir: opts.state_dir.display().to_string(),
-        source,
+        cause: source,
     }
 }

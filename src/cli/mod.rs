@@ -265,8 +265,12 @@ struct PlanArgs {
     /// Which ConfigMap key to plan, when the file holds more than one profile.
     #[arg(long)]
     key: Option<String>,
-    /// Simulated GPUs, MODEL[xN]: a catalog model (`h100x4`, `a100-40gb`, `NVIDIA H200`) or any
-    /// product name for a GPU without MIG. Repeat for mixed nodes.
+    /// Simulated GPUs, MODEL[xN] (N from 1 to 16, at most 16 GPUs in all): a catalog model
+    /// (`h100x4`, `a100-40gb`, `NVIDIA H200`; `gpu-share catalog` lists them), or the product
+    /// name of a GPU without MIG as NVML reports it (`"NVIDIA GeForce RTX 3090x2"`). A name not
+    /// in the catalog is taken as a GPU without MIG, except a short one a typo away from a
+    /// catalog model (`h10`), which is refused with the model it may mean. Repeat for mixed
+    /// nodes.
     #[arg(long, required_unless_present = "current", conflicts_with = "current")]
     gpu: Vec<String>,
     /// An observed node state (YAML or JSON, as `gpu-share status --output json` prints it).
@@ -290,7 +294,7 @@ pub fn run() -> ExitCode {
         Ok(code) => code,
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", render::error_chain(&e));
             ExitCode::from(2)
         }
     }
@@ -454,7 +458,10 @@ fn run_plan(args: &PlanArgs) -> Result<ExitCode> {
     };
     let (node, simulated) = match &args.current {
         Some(path) => (read_observed(path)?, false),
-        None => (ObservedNode::simulated(&args.gpu), true),
+        None => (
+            ObservedNode::from_gpu_specs(&args.gpu).map_err(anyhow::Error::msg)?,
+            true,
+        ),
     };
     match plan_for(&named.name, &profile, &node, args.plugin) {
         Ok(plan) => {

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::Checked;
-use crate::apply::ApplyReport;
+use crate::apply::{ApplyReport, Interrupted, InterruptedOutcome};
 use crate::mig::{Geometry, GpuModel};
 use crate::plan::{GpuPlan, MigModeChange, NodePlan, ObservedGpu, ObservedNode, PlannedMode};
 
@@ -201,10 +201,35 @@ pub(super) fn catalog(models: &Vec<GpuModel>) -> String {
                 starts.join(","),
                 p.slots()
             );
+            let _ = writeln!(out, "      compute instances: {}", compute_instances(p));
         }
-        let _ = writeln!(out, "    source: {}", m.source);
+        let _ = writeln!(out, "    basis: {}", m.basis);
+        for source in &m.sources {
+            let _ = writeln!(out, "    source: {source}");
+        }
     }
+    out.push_str(
+        "\ncompute instances: <CI profile index>:<slices>cx<max>; * = the one gpu-share creates \
+         (nvidia-smi's default), ? = not seen in real nvidia-smi mig -lcip output\n",
+    );
     out
+}
+
+/// The CI profiles a GI of this profile offers: `index:<c>cx<max>`, `*` on the one gpu-share
+/// creates (nvidia-smi's default), `?` where no real `-lcip` output backs the entry.
+fn compute_instances(p: &crate::mig::catalog::GpuInstanceProfile) -> String {
+    let cis = crate::mig::catalog::catalog().ci_profiles(p);
+    let entry = |c: &crate::mig::catalog::ComputeInstanceProfile| {
+        format!(
+            "{}:{}cx{}{}{}",
+            c.ci_profile_index,
+            c.slice_count,
+            c.instance_count,
+            if c.default { "*" } else { "" },
+            if c.verified { "" } else { "?" }
+        )
+    };
+    cis.iter().map(entry).collect::<Vec<_>>().join(" ")
 }
 
 /// The device-plugin config the plan would write, or its difference from the file there now.
@@ -244,13 +269,37 @@ pub(super) fn plugin_config(
     out
 }
 
+/// What became of an interrupted apply, and what of it had been done.
+fn interrupted(old: &Interrupted, new_profile: &str) -> String {
+    let done = match old.steps_done.as_slice() {
+        [] => format!("none of its {} steps had been done", old.steps_planned),
+        steps => format!(
+            "{} of its {} steps had been done ({})",
+            steps.len(),
+            old.steps_planned,
+            steps
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+    };
+    match old.outcome {
+        InterruptedOutcome::RolledForward => {
+            format!("rolled forward an interrupted apply of profile {:?}: {done}", old.profile)
+        }
+        InterruptedOutcome::Superseded => format!(
+            "an interrupted apply of profile {:?} was superseded by profile {new_profile:?}: {done}; \
+             the GPUs went from where it left them to {new_profile:?}",
+            old.profile
+        ),
+    }
+}
+
 pub(super) fn applied(report: &ApplyReport) -> String {
     let mut out = String::new();
     if let Some(old) = &report.interrupted {
-        let _ = writeln!(
-            out,
-            "rolled forward an interrupted apply of profile {old:?}"
-        );
+        let _ = writeln!(out, "{}", interrupted(old, &report.profile));
     }
     for step in &report.steps {
         let _ = writeln!(out, "done: {step}");
@@ -294,6 +343,9 @@ pub(super) fn applied(report: &ApplyReport) -> String {
     }
     if let Some(pid) = report.plugin_reloaded {
         let _ = writeln!(out, "device plugin (PID {pid}) signalled to reload");
+    }
+    for w in &report.plan.warnings {
+        let _ = writeln!(out, "{w}");
     }
     out
 }
@@ -376,5 +428,113 @@ fn on_off(on: bool) -> &'static str {
         "on"
     } else {
         "off"
+    }
+}
+
+/// An error and its causes, each said once: `message: cause: cause`, leaving out a cause whose
+/// words are already there. gpu-share's own errors either say their cause or return it as
+/// `source()`, never both; some libraries' errors do both (kube's config errors quote the
+/// file error and return it too, nvml-wrapper's quote libloading's), and `{:#}` would repeat
+/// them.
+pub(super) fn error_chain(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.is_empty() {
+            text = part;
+        } else if !text.contains(&part) {
+            text = format!("{text}: {part}");
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+    use crate::apply::compute_mode::RecordError;
+    use crate::apply::ApplyError;
+    use crate::device_plugin::ReloadError;
+    use crate::gpu::{GpuError, NvmlCallError};
+    use crate::mps::daemon::MpsError;
+
+    /// Whether some error in `e`'s chain says its cause and also returns it as `source()`.
+    fn says_a_cause_twice(e: &(dyn Error + 'static)) -> bool {
+        let mut level = Some(e);
+        while let Some(error) = level {
+            if let Some(source) = error.source() {
+                if error.to_string().contains(&source.to_string()) {
+                    return true;
+                }
+            }
+            level = error.source();
+        }
+        false
+    }
+
+    fn io() -> std::io::Error {
+        std::io::Error::from(std::io::ErrorKind::NotFound)
+    }
+
+    /// Issue 13, item 7, at the root: each of our error types that wraps a cause says it once,
+    /// whatever prints it (`{e}` in logs and Events, the chain on the command line).
+    #[test]
+    fn our_errors_say_their_cause_once() {
+        let call = NvmlCallError {
+            call: "nvmlComputeInstanceDestroy",
+            code: 19,
+            text: "In use by another client".into(),
+        };
+        let errors: Vec<Box<dyn Error + 'static>> = vec![
+            Box::new(ApplyError::Gpu(GpuError::Call {
+                index: 0,
+                cause: call,
+            })),
+            Box::new(ApplyError::Journal {
+                dir: "/var/lib/gpu-share".into(),
+                cause: io(),
+            }),
+            Box::new(ApplyError::PluginConfig {
+                path: "/config.yaml".into(),
+                cause: io(),
+            }),
+            Box::new(ApplyError::Reload(ReloadError::PidFile {
+                path: "/plugin.pid".into(),
+                cause: io(),
+            })),
+            Box::new(ApplyError::ComputeModeRecord(RecordError {
+                action: "write",
+                path: "/record.json".into(),
+                cause: io(),
+            })),
+            Box::new(ApplyError::Mps(MpsError::Root {
+                root: "/run/nvidia/mps".into(),
+                action: "list",
+                path: "/run/nvidia/mps".into(),
+                cause: io(),
+            })),
+        ];
+        for e in &errors {
+            assert!(!says_a_cause_twice(e.as_ref()), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_library_error_that_repeats_its_cause_is_printed_with_it_once() {
+        /// As kube's config errors are: the cause in the message and as `source()`.
+        #[derive(Debug, thiserror::Error)]
+        #[error("failed to read kubeconfig: {0}")]
+        struct Repeats(#[source] std::io::Error);
+
+        let e = anyhow::Error::new(Repeats(io())).context("cannot find the Kubernetes API");
+        assert_eq!(
+            error_chain(&e),
+            format!(
+                "cannot find the Kubernetes API: failed to read kubeconfig: {}",
+                io()
+            )
+        );
     }
 }

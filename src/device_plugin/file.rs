@@ -72,14 +72,12 @@ pub enum SignalTarget {
     },
 }
 
-/// Why a reload signal could not be sent.
+/// Why a reload signal could not be sent. Messages say their cause; none repeats it as
+/// `source()`.
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
-    #[error("cannot read the device plugin's pid file {path}: {source}")]
-    PidFile {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("cannot read the device plugin's pid file {path}: {cause}")]
+    PidFile { path: String, cause: std::io::Error },
     #[error("the pid file {path} does not hold a process id")]
     BadPid { path: String },
     #[error("no process named {name:?} under {proc_root}{} (is the device plugin running, and does this pod share its process namespace?)",
@@ -89,24 +87,23 @@ pub enum ReloadError {
         proc_root: String,
         pod_uid: Option<String>,
     },
-    #[error("cannot signal the device plugin (PID {pid}): {source}")]
-    Signal { pid: i32, source: nix::Error },
+    #[error("cannot signal the device plugin (PID {pid}): {cause}")]
+    Signal { pid: i32, cause: nix::Error },
 }
 
 /// Send SIGHUP to the device plugin; returns its PID.
 pub fn reload(target: &SignalTarget) -> Result<i32, ReloadError> {
     let pid = find(target)?;
-    kill(Pid::from_raw(pid), Signal::SIGHUP)
-        .map_err(|source| ReloadError::Signal { pid, source })?;
+    kill(Pid::from_raw(pid), Signal::SIGHUP).map_err(|cause| ReloadError::Signal { pid, cause })?;
     Ok(pid)
 }
 
 fn find(target: &SignalTarget) -> Result<i32, ReloadError> {
     match target {
         SignalTarget::PidFile(path) => {
-            let text = fs::read_to_string(path).map_err(|source| ReloadError::PidFile {
+            let text = fs::read_to_string(path).map_err(|cause| ReloadError::PidFile {
                 path: path.display().to_string(),
-                source,
+                cause,
             })?;
             text.trim()
                 .parse()

@@ -3,9 +3,10 @@
 //!
 //! Layers, each one line in the report: the kernel driver (or a Jetson/Tegra integrated GPU),
 //! NVML, the profile's features (MIG, MPS), the container runtime (containerd, CDI), the device
-//! plugin's sockets, the allocatable check (not done yet: it needs the API server) and, when
-//! asked, the CUDA version the driver runs. A layer that fails stops the walk: the layers above
-//! it are reported as not checked, since their failures would only echo it.
+//! plugin's sockets, the allocatable check (always skipped: it needs the API server, which doctor
+//! does not ask) and, when asked, the CUDA version the driver runs. A layer that fails stops the
+//! walk: the layers above it are reported as not checked, since their failures would only echo
+//! it.
 //!
 //! Everything is read from files under `--root` (default `/`), so tests point the doctor at a
 //! fixture tree, and the NVML library is the one `--nvml-lib` names.

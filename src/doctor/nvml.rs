@@ -36,7 +36,7 @@ pub(super) fn check(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
         .map_or_else(|| DEFAULT_LIBRARY.to_string(), |p| p.display().to_string());
     let gpus = match Gpus::open(ctx.nvml_lib) {
         Ok(g) => g,
-        Err(GpuError::Load { source, .. }) => return load_failed(&library, source, facts),
+        Err(GpuError::Load { cause, .. }) => return load_failed(&library, cause, facts),
         Err(e) => return Check::failed(NAME, e.to_string(), "reinstall the NVIDIA driver"),
     };
     let mut check = Check::new(NAME, "");

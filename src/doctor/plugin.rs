@@ -1,7 +1,8 @@
 //! Layer 5, the device plugin: the kubelet's device-plugin directory holds `kubelet.sock` and
 //! one socket per resource the plugin serves, `nvidia-<name after "nvidia.com/">.sock`
 //! (`nvidia-gpu.sock`, `nvidia-mig-1g.10gb.sock`). A socket file nobody listens on is stale.
-//! Whether the node's allocatable resources match is for the API server to say: not checked yet.
+//! Whether the node's allocatable resources match is for the API server to say, and doctor does
+//! not ask it: that check is always reported as skipped.
 //!
 //! With `--plugin builtin` the agent serves those sockets itself once it runs, so only
 //! `kubelet.sock` must be live (a missing resource socket is a warning), and a profile with MPS
@@ -307,7 +308,8 @@ fn describe(s: &Socket) -> &'static str {
     }
 }
 
-/// The allocatable check needs the API server; there is no Kubernetes client yet.
+/// The allocatable check needs the API server, and doctor checks the node only: it never talks
+/// to the API server, so it says so instead of passing.
 pub(super) fn allocatable(_ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
     let expect = facts.plan.as_ref().map_or_else(String::new, |p| {
         format!(" (the profile expects {})", resources(&p.resources))
@@ -316,7 +318,7 @@ pub(super) fn allocatable(_ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
         "allocatable",
         format!(
             "not checked: comparing the node's allocatable resources with the plugin's needs \
-             the API server, and gpu-share has no Kubernetes client yet; by hand: `kubectl get \
+             the API server, and doctor reads only this node; by hand: `kubectl get \
              node <node> -o jsonpath='{{.status.allocatable}}'`{expect}"
         ),
     )

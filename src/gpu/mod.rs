@@ -1,7 +1,9 @@
 //! The one door to NVML: read the node's GPUs and change their MIG configuration and compute
 //! mode.
 //!
-//! Built on nvml-wrapper; the MIG calls it lacks go through [`raw`], the only unsafe code. The
+//! Built on nvml-wrapper; the MIG calls it lacks go through [`raw`], which holds the FFI calls.
+//! The only unsafe code here takes a device's raw handle for them (`Device::handle()`, unsafe
+//! in nvml-wrapper), each block with its SAFETY comment. The
 //! library path is configurable (`--nvml-lib` / `GPU_SHARE_NVML_LIB`), so tests point the real
 //! code at the fake `libnvidia-ml.so` in `tests/fake-nvml`.
 
@@ -26,22 +28,34 @@ const GPU_INSTANCE_PROFILE_COUNT: u32 = 17;
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 
 /// Why the door could not do what was asked.
+///
+/// Each message already says its cause (NVML's words), so no variant reports that cause again
+/// as its `source()`: printed with its chain (`{:#}`), a cause would show twice.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
-    #[error("cannot load NVML from {library}: {source} (is the NVIDIA driver installed? `gpu-share doctor` checks each layer)")]
-    Load { library: String, source: NvmlError },
-    #[error("GPU {index}: {what}: {source}")]
+    #[error("cannot load NVML from {library}: {} (is the NVIDIA driver installed? `gpu-share doctor` checks each layer)", load_failure(.cause))]
+    Load { library: String, cause: NvmlError },
+    #[error("GPU {index}: {what}: {cause}")]
     Wrapper {
         index: u32,
         what: &'static str,
-        source: NvmlError,
+        cause: NvmlError,
     },
-    #[error("GPU {index}: {source}")]
-    Call { index: u32, source: NvmlCallError },
+    #[error("GPU {index}: {cause}")]
+    Call { index: u32, cause: NvmlCallError },
     #[error("GPU {index} ({product}) is not in the MIG catalog")]
     UnknownModel { index: u32, product: String },
     #[error("GPU {index}: no GPU instance with id {gi_id}")]
     NoSuchInstance { index: u32, gi_id: u32 },
+}
+
+/// What went wrong loading the library: libloading's own words (`…: cannot open shared object
+/// file: …`) without nvml-wrapper's "a libloading error occurred" around them.
+fn load_failure(cause: &NvmlError) -> String {
+    match cause {
+        NvmlError::LibloadingError(e) => e.to_string(),
+        other => other.to_string(),
+    }
 }
 
 /// A compute instance: a MIG device that CUDA and the device plugin see.
@@ -226,9 +240,9 @@ impl Gpus {
         let nvml = Nvml::builder()
             .lib_path(path)
             .init()
-            .map_err(|source| GpuError::Load {
+            .map_err(|cause| GpuError::Load {
                 library: path.to_string_lossy().into_owned(),
-                source,
+                cause,
             })?;
         Ok(Gpus { nvml })
     }
@@ -246,10 +260,10 @@ impl Gpus {
     fn device(&self, index: u32) -> Result<Device<'_>, GpuError> {
         self.nvml
             .device_by_index(index)
-            .map_err(|source| GpuError::Wrapper {
+            .map_err(|cause| GpuError::Wrapper {
                 index,
                 what: "open device",
-                source,
+                cause,
             })
     }
 
@@ -257,10 +271,10 @@ impl Gpus {
     pub fn observe_product(&self, index: u32) -> Result<String, GpuError> {
         self.device(index)?
             .name()
-            .map_err(|source| GpuError::Wrapper {
+            .map_err(|cause| GpuError::Wrapper {
                 index,
                 what: "read name",
-                source,
+                cause,
             })
     }
 
@@ -269,10 +283,10 @@ impl Gpus {
         let count = self
             .nvml
             .device_count()
-            .map_err(|source| GpuError::Wrapper {
+            .map_err(|cause| GpuError::Wrapper {
                 index: 0,
                 what: "count devices",
-                source,
+                cause,
             })?;
         let gpus = (0..count)
             .map(|i| self.observe_gpu(i))
@@ -282,13 +296,7 @@ impl Gpus {
 
     fn observe_gpu(&self, index: u32) -> Result<ObservedGpu, GpuError> {
         let dev = self.device(index)?;
-        let wrap = |what| {
-            move |source| GpuError::Wrapper {
-                index,
-                what,
-                source,
-            }
-        };
+        let wrap = |what| move |cause| GpuError::Wrapper { index, what, cause };
         let product = dev.name().map_err(wrap("read name"))?;
         let mig = match dev.mig_mode() {
             Ok(m) => Some(MigMode {
@@ -325,7 +333,7 @@ impl Gpus {
     /// compute instances, and per MIG device its UUID and processes.
     fn observe_mig(&self, dev: &Device<'_>, gpu: &mut ObservedGpu) -> Result<(), GpuError> {
         let index = gpu.index;
-        let call = |source| GpuError::Call { index, source };
+        let call = |cause| GpuError::Call { index, cause };
         let model = catalog().model_by_product(&gpu.product);
         // SAFETY: `dev` is borrowed from `self.nvml` for this whole function.
         let handle = unsafe { dev.handle() };
@@ -387,13 +395,7 @@ impl Gpus {
     /// Walk the MIG device handles to learn each compute instance's UUID and processes.
     fn observe_mig_devices(&self, dev: &Device<'_>, gpu: &mut ObservedGpu) -> Result<(), GpuError> {
         let index = gpu.index;
-        let wrap = |what| {
-            move |source| GpuError::Wrapper {
-                index,
-                what,
-                source,
-            }
-        };
+        let wrap = |what| move |cause| GpuError::Wrapper { index, what, cause };
         let max = dev.mig_device_count().map_err(wrap("count MIG devices"))?;
         for i in 0..max {
             let mig = match dev.mig_device_by_index(i) {
@@ -403,7 +405,7 @@ impl Gpus {
             };
             // SAFETY: `mig` is a MIG device handle borrowed from `self.nvml`.
             let (gi_id, ci_id) = raw::mig_device_ids(&self.nvml, unsafe { mig.handle() })
-                .map_err(|source| GpuError::Call { index, source })?;
+                .map_err(|cause| GpuError::Call { index, cause })?;
             let uuid = mig.uuid().map_err(wrap("read MIG device UUID"))?;
             if let Some(ci) = gpu
                 .compute_instances
@@ -422,13 +424,7 @@ impl Gpus {
     /// reset; that is reported, never papered over.
     pub fn set_mig_mode(&self, index: u32, enable: bool) -> Result<MigModeOutcome, GpuError> {
         let dev = self.device(index)?;
-        let wrap = |what| {
-            move |source| GpuError::Wrapper {
-                index,
-                what,
-                source,
-            }
-        };
+        let wrap = |what| move |cause| GpuError::Wrapper { index, what, cause };
         let status = dev.set_mig_mode(enable).map_err(wrap("set MIG mode"))?;
         let mode = dev.mig_mode().map_err(wrap("read MIG mode"))?;
         if (mode.current == 1) == enable {
@@ -445,10 +441,10 @@ impl Gpus {
     pub fn set_compute_mode(&self, index: u32, mode: ComputeMode) -> Result<(), GpuError> {
         let mut dev = self.device(index)?;
         dev.set_compute_mode(mode.to_wrapper())
-            .map_err(|source| GpuError::Wrapper {
+            .map_err(|cause| GpuError::Wrapper {
                 index,
                 what: "set compute mode",
-                source,
+                cause,
             })
     }
 
@@ -461,7 +457,7 @@ impl Gpus {
         placement: Placement,
     ) -> Result<u32, GpuError> {
         let dev = self.device(index)?;
-        let call = |source| GpuError::Call { index, source };
+        let call = |cause| GpuError::Call { index, cause };
         // SAFETY: `dev` is borrowed from `self.nvml` for this whole function.
         let handle = unsafe { dev.handle() };
         let gi = raw::create_gpu_instance(&self.nvml, handle, profile.profile_id, placement)
@@ -480,7 +476,7 @@ impl Gpus {
         profile: &GpuInstanceProfile,
     ) -> Result<(), GpuError> {
         let dev = self.device(index)?;
-        let call = |source| GpuError::Call { index, source };
+        let call = |cause| GpuError::Call { index, cause };
         // SAFETY: as in create_instance.
         let gi =
             raw::gpu_instance_by_id(&self.nvml, unsafe { dev.handle() }, gi_id).map_err(call)?;
@@ -507,7 +503,7 @@ impl Gpus {
     /// Destroy GPU instance `gi_id`: its compute instances first, as NVML requires.
     pub fn destroy_instance(&self, index: u32, gi_id: u32) -> Result<(), GpuError> {
         let dev = self.device(index)?;
-        let call = |source| GpuError::Call { index, source };
+        let call = |cause| GpuError::Call { index, cause };
         // SAFETY: as in create_instance.
         let handle = unsafe { dev.handle() };
         let gi = match raw::gpu_instance_by_id(&self.nvml, handle, gi_id) {

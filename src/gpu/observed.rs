@@ -110,32 +110,133 @@ impl ObservedGpu {
     }
 }
 
+/// The most GPUs one simulated node may have (`--gpu h100x16`): the largest NVIDIA boards
+/// (HGX-2, DGX-2) hold 16. A count above it is refused rather than read as part of a name.
+/// Device indices in profiles have their own, larger bound (src/profile); the two are separate
+/// limits on separate inputs.
+pub const MAX_SIMULATED_GPUS: u32 = 16;
+
 impl ObservedNode {
     /// A simulated node from `--gpu` specs such as `h100x4`, `H200`, `"NVIDIA GeForce RTX 3090x2"`.
+    ///
+    /// # Panics
+    /// On a spec [`ObservedNode::from_gpu_specs`] refuses: for tests and benches, whose specs
+    /// are fixed. The command line uses `from_gpu_specs`.
     pub fn simulated(specs: &[String]) -> Self {
+        Self::from_gpu_specs(specs).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A simulated node from `--gpu MODEL[xN]` specs, or why a spec is refused: an empty
+    /// model, a count of 0 or above [`MAX_SIMULATED_GPUS`] (in all), or a short name one typo
+    /// away from a catalog model (`h10` → `h100`), which would otherwise become a GPU without
+    /// MIG. A product name with a space (`NVIDIA A10`) is always taken as it is.
+    pub fn from_gpu_specs(specs: &[String]) -> Result<Self, String> {
         let mut gpus = Vec::new();
         for spec in specs {
-            let (name, count) = split_count(spec);
+            let (name, count) = parse_gpu_spec(spec)?;
+            if gpus.len() as u64 + u64::from(count) > u64::from(MAX_SIMULATED_GPUS) {
+                return Err(format!(
+                    "--gpu {spec:?}: a simulated node holds at most {MAX_SIMULATED_GPUS} GPUs \
+                     (MAX_SIMULATED_GPUS); this one would have {}",
+                    gpus.len() as u64 + u64::from(count)
+                ));
+            }
             for _ in 0..count {
                 gpus.push(ObservedGpu::simulated(gpus.len() as u32, name));
             }
         }
-        ObservedNode { gpus }
+        Ok(ObservedNode { gpus })
     }
 }
 
-/// `MODEL[xN]`: a trailing `x<N>` is a count when N is 1–16 (so `rtx4090` stays a name).
-fn split_count(spec: &str) -> (&str, u32) {
-    if catalog().model(spec).is_none() {
-        if let Some((name, n)) = spec.rsplit_once(['x', 'X']) {
-            if let Ok(n) = n.parse::<u32>() {
-                if (1..=16).contains(&n) && !name.is_empty() {
-                    return (name.trim(), n);
-                }
-            }
-        }
+/// One `--gpu` spec: its model name and how many GPUs of it.
+fn parse_gpu_spec(spec: &str) -> Result<(&str, u32), String> {
+    let (name, count) = split_count(spec);
+    if name.is_empty() {
+        return Err(format!(
+            "--gpu {spec:?}: no GPU model; give a catalog model (`h100x8`, see `gpu-share catalog`) \
+             or a product name (`\"NVIDIA GeForce RTX 3090x2\"`)"
+        ));
     }
-    (spec.trim(), 1)
+    let count = match count {
+        Count::One => 1,
+        Count::Given(n) if (1..=u64::from(MAX_SIMULATED_GPUS)).contains(&n) => n as u32,
+        Count::Given(n) => {
+            return Err(format!(
+                "--gpu {spec:?}: {n} GPUs of {name}; a simulated node holds 1 to \
+                 {MAX_SIMULATED_GPUS} (MAX_SIMULATED_GPUS)"
+            ))
+        }
+    };
+    if let Some(close) = near_catalog_names(name) {
+        return Err(format!(
+            "--gpu {spec:?}: {name:?} is not in the MIG catalog; did you mean {close}? \
+             (`gpu-share catalog` lists the models; a GPU without MIG is given by its product \
+             name, with its space, e.g. \"NVIDIA A10\")"
+        ));
+    }
+    Ok((name, count))
+}
+
+/// A `--gpu` count: none written, or the number after the last `x`.
+#[derive(Debug, PartialEq, Eq)]
+enum Count {
+    One,
+    Given(u64),
+}
+
+/// `MODEL[xN]`: a trailing `x<N>` is a count when N is 1–[`MAX_SIMULATED_GPUS`], or when what
+/// precedes it is a catalog model (so `h100x17` is a count that is too large, while `rtx4090`
+/// stays a name).
+fn split_count(spec: &str) -> (&str, Count) {
+    let spec = spec.trim();
+    if catalog().model(spec).is_some() {
+        return (spec, Count::One);
+    }
+    let Some((name, digits)) = spec.rsplit_once(['x', 'X']) else {
+        return (spec, Count::One);
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return (spec, Count::One);
+    }
+    let n = digits.parse::<u64>().unwrap_or(u64::MAX);
+    let name = name.trim();
+    if (1..=u64::from(MAX_SIMULATED_GPUS)).contains(&n) || catalog().model(name).is_some() {
+        (name, Count::Given(n))
+    } else {
+        (spec, Count::One)
+    }
+}
+
+/// The catalog's short names (keys and aliases) one typo from `name`, as "`h100` or `h20`"; none
+/// when `name` is a product name (it has a space) or matches nothing closely. One edit for
+/// names of up to 4 characters, two above (transpositions count as one).
+fn near_catalog_names(name: &str) -> Option<String> {
+    if name.contains(char::is_whitespace) || catalog().model(name).is_some() {
+        return None;
+    }
+    let wanted = name.to_lowercase();
+    let allowed = if wanted.chars().count() <= 4 { 1 } else { 2 };
+    let mut close: Vec<&str> = catalog()
+        .models
+        .iter()
+        .flat_map(|m| std::iter::once(&m.key).chain(&m.aliases))
+        .map(String::as_str)
+        .filter(|n| strsim::osa_distance(&n.to_lowercase(), &wanted) <= allowed)
+        .collect();
+    close.sort_unstable();
+    close.dedup_by(|a, b| a.eq_ignore_ascii_case(b));
+    match close.as_slice() {
+        [] => None,
+        [one] => Some(format!("`{one}`")),
+        [init @ .., last] => Some(format!(
+            "{} or `{last}`",
+            init.iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -144,11 +245,11 @@ mod tests {
 
     #[test]
     fn gpu_specs() {
-        assert_eq!(split_count("h100x4"), ("h100", 4));
-        assert_eq!(split_count("rtx4090"), ("rtx4090", 1));
+        assert_eq!(parse_gpu_spec("h100x4"), Ok(("h100", 4)));
+        assert_eq!(parse_gpu_spec("rtx4090"), Ok(("rtx4090", 1)));
         assert_eq!(
-            split_count("NVIDIA GeForce RTX 3090x2"),
-            ("NVIDIA GeForce RTX 3090", 2)
+            parse_gpu_spec("NVIDIA GeForce RTX 3090x2"),
+            Ok(("NVIDIA GeForce RTX 3090", 2))
         );
         let node = ObservedNode::simulated(&["h100x2".into(), "NVIDIA GeForce RTX 3090".into()]);
         assert_eq!(node.gpus.len(), 3);
@@ -156,5 +257,56 @@ mod tests {
         assert!(node.gpus[1].mig.is_some());
         assert_eq!(node.gpus[2].index, 2);
         assert!(node.gpus[2].mig.is_none());
+    }
+
+    /// Issue 13, item 4: each of these used to become a node silently.
+    #[test]
+    fn gpu_specs_that_would_mislead_are_refused() {
+        let refused = |spec: &str| ObservedNode::from_gpu_specs(&[spec.to_string()]).unwrap_err();
+        // Became 8 GPUs without MIG named "h10".
+        let e = refused("h10x8");
+        assert!(
+            e.contains("\"h10\" is not in the MIG catalog; did you mean `h100` or `h20`?"),
+            "{e}"
+        );
+        // Became one GPU named "h100x17".
+        let e = refused("h100x17");
+        assert!(
+            e.contains("17 GPUs of h100; a simulated node holds 1 to 16 (MAX_SIMULATED_GPUS)"),
+            "{e}"
+        );
+        assert!(refused("h100x99999999999999999999").contains("a simulated node holds 1 to 16"));
+        assert!(refused("h100x0").contains("0 GPUs of h100"));
+        // Was a GPU with an empty name.
+        assert!(refused("").contains("no GPU model"));
+        assert!(refused("  ").contains("no GPU model"));
+        assert!(refused("x4").contains("no GPU model"));
+        // The limit holds for a node built from several specs.
+        let e = ObservedNode::from_gpu_specs(&["h100x8".into(), "a100x8".into(), "h200".into()])
+            .unwrap_err();
+        assert!(
+            e.contains("at most 16 GPUs (MAX_SIMULATED_GPUS); this one would have 17"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn names_far_from_the_catalog_and_product_names_stay_gpus_without_mig() {
+        let node = ObservedNode::from_gpu_specs(&[
+            "rtx4090".into(),
+            "NVIDIA A10x2".into(),
+            "Tesla T4".into(),
+            "h100x12".into(),
+        ])
+        .unwrap();
+        let products: Vec<&str> = node.gpus.iter().map(|g| g.product.as_str()).collect();
+        assert_eq!(
+            products[..4],
+            ["rtx4090", "NVIDIA A10", "NVIDIA A10", "Tesla T4"]
+        );
+        assert!(node.gpus[..4].iter().all(|g| g.mig.is_none()));
+        // 4 + 12: exactly the limit.
+        assert_eq!(node.gpus.len(), 16);
+        assert!(node.gpus[4..].iter().all(|g| g.mig.is_some()));
     }
 }

@@ -1,4 +1,5 @@
-//! The one unsafe module: the NVML MIG calls nvml-wrapper 0.13 does not wrap (GPU- and
+//! The raw NVML calls (all the FFI; `super` only takes the raw device handles they need): the
+//! NVML MIG calls nvml-wrapper 0.13 does not wrap (GPU- and
 //! compute-instance enumeration, create, destroy, info), called through the wrapper's own
 //! loaded library (`Nvml::lib()`) and raw device handles.
 //!

@@ -3,8 +3,9 @@
 //!
 //! The numbers live in one embedded data file, `data/mig-catalog.yaml`, so that the planner and
 //! the fake `libnvidia-ml.so` used in tests read the very same facts. Each model there carries a
-//! `source:` line that says where its numbers were seen (real `nvidia-smi mig -lgip/-lgipp`
-//! output, NVIDIA's MIG user guide) and `verified:` says whether the placements were quoted
+//! `basis:` line that says what its numbers rest on (real `nvidia-smi mig -lgip/-lgipp` output,
+//! NVIDIA's MIG user guide), `sources:` that a reader can open to check them (see
+//! [`is_public_reference`]), and `verified:` that says whether the placements were quoted
 //! verbatim or inferred from the same chip family.
 
 use std::collections::BTreeMap;
@@ -83,6 +84,10 @@ pub struct ComputeInstanceProfile {
     #[serde(default)]
     pub default: bool,
     pub placements: Vec<Placement>,
+    /// True when real `nvidia-smi mig -lcip` output (or an NVIDIA document) shows this profile,
+    /// with this instance count, inside GIs of this shape; false when it is inferred.
+    #[serde(default)]
+    pub verified: bool,
 }
 
 /// One GPU-instance profile of one model (a row of `nvidia-smi mig -lgip`).
@@ -152,8 +157,12 @@ pub struct GpuModel {
     pub memory_slots: u32,
     pub compute_slices: u32,
     pub max_mig_devices: u32,
-    /// Where the numbers come from.
-    pub source: String,
+    /// What the numbers rest on, in words (which outputs or documents; no references).
+    pub basis: String,
+    /// Public documents a reader can open to check the numbers: `https://` URLs or
+    /// `owner/repo@tag:path` repository files (see [`is_public_reference`]).
+    #[serde(default)]
+    pub sources: Vec<String>,
     /// True when the placements were seen verbatim in real output or NVIDIA documentation.
     #[serde(default)]
     pub verified: bool,
@@ -221,6 +230,38 @@ pub fn resource_name(profile: &str) -> String {
     format!("nvidia.com/mig-{}", profile.replace('+', "."))
 }
 
+/// Whether a catalog source is a public document a reader can open: an `https://` URL with a
+/// host, or a repository file pinned to a tag or commit, `owner/repo@tag:path` (GitHub).
+/// Search-index ids and other private handles are neither, and the catalog refuses them.
+pub fn is_public_reference(source: &str) -> bool {
+    if source.chars().any(char::is_whitespace) {
+        return false;
+    }
+    if let Some(rest) = source.strip_prefix("https://") {
+        let host = rest.split('/').next().unwrap_or("");
+        return host.contains('.') && !host.starts_with('.') && !host.ends_with('.');
+    }
+    let Some((repo, pinned)) = source.split_once('@') else {
+        return false;
+    };
+    let Some((tag, path)) = pinned.split_once(':') else {
+        return false;
+    };
+    let mut parts = repo.split('/');
+    let (owner, name) = (parts.next(), parts.next());
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    parts.next().is_none()
+        && owner.is_some_and(plain)
+        && name.is_some_and(plain)
+        && plain(tag)
+        && !path.is_empty()
+        && !path.starts_with('/')
+}
+
 /// Every MIG-capable model we know and the compute-instance profile sets they share.
 #[derive(Debug, Clone)]
 pub struct Catalog {
@@ -249,7 +290,9 @@ struct VariantEntry {
     nvml_name: String,
     pci_device_id: u32,
     total_memory_mib: u64,
-    source: String,
+    basis: String,
+    #[serde(default)]
+    sources: Vec<String>,
     #[serde(default)]
     placements_verified: bool,
 }
@@ -268,7 +311,8 @@ impl Catalog {
                 variant.also_named = vec![];
                 variant.pci_device_id = v.pci_device_id;
                 variant.total_memory_mib = v.total_memory_mib;
-                variant.source = v.source.clone();
+                variant.basis = v.basis.clone();
+                variant.sources = v.sources.clone();
                 variant.verified = v.placements_verified;
                 for p in &mut variant.gpu_instance_profiles {
                     p.placements_verified &= v.placements_verified;
@@ -290,6 +334,12 @@ impl Catalog {
     /// known CI profile sets.
     fn check(&self) -> Result<(), String> {
         for m in &self.models {
+            if let Some(bad) = m.sources.iter().find(|s| !is_public_reference(s)) {
+                return Err(format!(
+                    "{}: source {bad:?} is neither an https:// URL nor owner/repo@tag:path",
+                    m.key
+                ));
+            }
             if m.memory_slots > 16 {
                 return Err(format!("{}: more than 16 memory slots", m.key));
             }
@@ -363,6 +413,71 @@ mod tests {
         let h100 = catalog().model("h100").unwrap();
         let me = h100.profile("1g.10gb+me").unwrap();
         assert_eq!(me.resource_name(), "nvidia.com/mig-1g.10gb.me");
+    }
+
+    #[test]
+    fn public_references_are_urls_or_pinned_repository_files() {
+        for ok in [
+            "https://docs.nvidia.com/datacenter/tesla/mig-user-guide/index.html",
+            "https://github.com/NVIDIA/mig-parted/issues/120",
+            "NVIDIA/mig-parted@v0.12.1:deployments/systemd/config-default.yaml",
+        ] {
+            assert!(is_public_reference(ok), "{ok}");
+        }
+        for bad in [
+            "find_string id 37196432096",
+            "real nvidia-smi -lgip (find_string id 34587168427)",
+            "37196432096",
+            "http://example.com/x",
+            "https://localhost/x",
+            "NVIDIA/mig-parted:deployments/systemd/config-default.yaml",
+            "NVIDIA/mig-parted@v0.12.1",
+            "mig-parted@v1:x",
+            "",
+        ] {
+            assert!(!is_public_reference(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_model_cites_public_sources_and_no_search_ids() {
+        for m in &catalog().models {
+            assert!(!m.sources.is_empty(), "{}: no sources", m.key);
+            for s in &m.sources {
+                assert!(is_public_reference(s), "{}: {s}", m.key);
+            }
+        }
+        // Ids of the research search index mean nothing to a reader, wherever they hide
+        // (sources, notes, comments).
+        for (n, line) in CATALOG_YAML.lines().enumerate() {
+            let lower = line.to_lowercase();
+            for private in ["find_string", "search id", "read_file", "(ids "] {
+                assert!(!lower.contains(private), "line {}: {line}", n + 1);
+            }
+        }
+    }
+
+    #[test]
+    fn a_source_that_no_reader_can_open_is_refused() {
+        let text = CATALOG_YAML.replacen(
+            "    sources:\n",
+            "    sources:\n      - \"find_string id 37196432096\"\n",
+            1,
+        );
+        let err = Catalog::parse(&text).unwrap_err();
+        assert!(err.contains("find_string id 37196432096"), "{err}");
+    }
+
+    #[test]
+    fn one_slice_rev2_gis_accept_the_plain_one_slice_compute_instance() {
+        // NVIDIA's default mig-parted configs create 1g.20gb devices with CI profile 1_SLICE (0);
+        // nvidia-smi's default CI there is 1_SLICE_REV1 (7). Both must be offered.
+        let c = catalog();
+        let h100 = c.model("h100").unwrap();
+        let cis = c.ci_profiles(h100.profile("1g.20gb").unwrap());
+        let by_index = |i: u32| cis.iter().find(|ci| ci.ci_profile_index == i);
+        assert!(by_index(0).is_some_and(|ci| ci.slice_count == 1 && !ci.default));
+        assert!(by_index(7).is_some_and(|ci| ci.slice_count == 1 && ci.default));
     }
 
     #[test]

@@ -134,16 +134,16 @@ pub fn mount_point(proc_root: &Path, path: &Path) -> io::Result<Option<MountEntr
 /// Why `<root>/shm` could not be mounted.
 #[derive(Debug, thiserror::Error)]
 pub enum ShmError {
-    #[error("cannot create {path}: {source}")]
-    CreateDir { path: String, source: io::Error },
+    #[error("cannot create {path}: {cause}")]
+    CreateDir { path: String, cause: io::Error },
     #[error(
-        "cannot read {path} to tell whether {target} is mounted already: {source} \
+        "cannot read {path} to tell whether {target} is mounted already: {cause} \
          (is /proc mounted? point --proc-root at it)"
     )]
     Mountinfo {
         path: String,
         target: String,
-        source: io::Error,
+        cause: io::Error,
     },
     #[error("cannot mount a tmpfs at {path} ({options}): {errno}{hint}", hint = hint(*.errno))]
     Mount {
@@ -225,17 +225,17 @@ pub fn mount_shm(root: &Path, proc_root: &Path) -> Result<ShmOutcome, ShmError> 
         .recursive(true)
         .mode(0o755)
         .create(&path)
-        .map_err(|source| ShmError::CreateDir {
+        .map_err(|cause| ShmError::CreateDir {
             path: path.display().to_string(),
-            source,
+            cause,
         })?;
     // mountinfo names mount points by their real path.
     let path = path.canonicalize().unwrap_or(path);
     let mountinfo = proc_root.join("self/mountinfo");
-    let existing = mount_point(proc_root, &path).map_err(|source| ShmError::Mountinfo {
+    let existing = mount_point(proc_root, &path).map_err(|cause| ShmError::Mountinfo {
         path: mountinfo.display().to_string(),
         target: path.display().to_string(),
-        source,
+        cause,
     })?;
     if let Some(mount) = existing {
         return Ok(ShmOutcome::AlreadyMounted { path, mount });

@@ -15,7 +15,8 @@ use crate::device_plugin::{self, PluginConfig};
 use crate::mig::{self, catalog, Geometry, GpuModel};
 use crate::mps::{parse_pinned_memory_limit, PinnedMemoryLimit};
 use crate::profile::{
-    mig_counts, mig_strategy, validate_for, MigStrategy, Mode, Mps, Problem, Profile, Rule, RuleRef,
+    mig_counts, mig_strategy, validate_for, DeviceSelector, MigStrategy, Mode, Mps, Problem,
+    Profile, Rule, RuleRef,
 };
 use crate::sharing::PluginKind;
 use crate::timeslice;
@@ -110,6 +111,7 @@ pub fn plan_for(
     if problems.iter().any(Problem::is_error) {
         return Err(problems);
     }
+    problems.extend(absent_gpus(name, profile, node));
     if !unselected.is_empty() {
         problems.push(Problem::warning(
             name,
@@ -146,6 +148,68 @@ pub fn plan_for(
         device_plugin_config,
         warnings: problems,
     })
+}
+
+/// A warning for each rule that names GPU indices this node does not have: that part of the rule
+/// does nothing here (a profile written for an 8-GPU node, on a 2-GPU one), which would
+/// otherwise go unsaid.
+fn absent_gpus(name: &str, profile: &Profile, node: &ObservedNode) -> Vec<Problem> {
+    let present: Vec<u32> = node.gpus.iter().map(|g| g.index).collect();
+    let has = if present.is_empty() {
+        "it has no GPUs".to_string()
+    } else {
+        format!("it has GPU {}", index_ranges(&present))
+    };
+    profile
+        .rules
+        .iter()
+        .enumerate()
+        .filter_map(|(i, rule)| {
+            let DeviceSelector::Indices(indices) = &rule.devices else {
+                return None;
+            };
+            let absent: Vec<u32> = indices
+                .iter()
+                .copied()
+                .filter(|i| !present.contains(i))
+                .collect();
+            (!absent.is_empty()).then(|| {
+                Problem::warning(
+                    name,
+                    format!(
+                        "selects GPU {}, which this node does not have ({has}): nothing is planned for {}",
+                        index_ranges(&absent),
+                        if absent.len() == 1 { "it" } else { "them" }
+                    ),
+                )
+                .in_rule(i, rule)
+            })
+        })
+        .collect()
+}
+
+/// `4-7, 9` for 4, 5, 6, 7, 9 (sorted, duplicates dropped).
+fn index_ranges(indices: &[u32]) -> String {
+    let mut sorted = indices.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for i in sorted {
+        match runs.last_mut() {
+            Some((_, hi)) if *hi + 1 == i => *hi = i,
+            _ => runs.push((i, i)),
+        }
+    }
+    runs.iter()
+        .map(|&(lo, hi)| {
+            if lo == hi {
+                lo.to_string()
+            } else {
+                format!("{lo}-{hi}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// One GPU's plan, or a sentence saying why the rule can't apply to it.
@@ -286,7 +350,7 @@ fn plan_mig(
     wanted: &BTreeMap<String, u32>,
 ) -> Result<(&'static GpuModel, Geometry), String> {
     if gpu.mig.is_none() {
-        return Err("this GPU cannot run MIG, but the rule asks for MIG instances".into());
+        return Err(no_mig_mode(&gpu.product));
     }
     let model = catalog().model_by_product(&gpu.product).ok_or_else(|| {
         format!(
@@ -301,4 +365,19 @@ fn plan_mig(
     };
     let geometry = mig::solve(model, wanted, existing).map_err(|e| e.to_string())?;
     Ok((model, geometry))
+}
+
+/// Why a GPU without a MIG mode cannot take MIG instances. A product the catalog does not know
+/// is the usual reason (a typo'd `--gpu`, a GPU without MIG, or a MIG GPU missing from the
+/// catalog), and "cannot run MIG" alone would hide that the name was not recognised.
+fn no_mig_mode(product: &str) -> String {
+    if catalog().model_by_product(product).is_some() {
+        "this GPU cannot run MIG (NVML reports no MIG mode), but the rule asks for MIG instances"
+            .into()
+    } else {
+        format!(
+            "the rule asks for MIG instances, but {product:?} is not in the MIG catalog, so it is \
+             taken as a GPU without MIG (`gpu-share catalog` lists the MIG-capable models)"
+        )
+    }
 }

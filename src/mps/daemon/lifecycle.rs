@@ -23,18 +23,13 @@ impl<'a> Daemon<'a> {
         }
     }
 
-    pub(super) fn io_error(
-        &self,
-        action: &'static str,
-        path: &Path,
-        source: io::Error,
-    ) -> MpsError {
+    pub(super) fn io_error(&self, action: &'static str, path: &Path, cause: io::Error) -> MpsError {
         MpsError::Io {
             resource: self.resource.to_string(),
             pipe_dir: self.pipe.clone(),
             action,
             path: path.to_path_buf(),
-            source,
+            cause,
         }
     }
 

@@ -116,14 +116,13 @@ pub struct Restart {
 pub enum MpsError {
     #[error("MPS resource {resource:?}: {message}")]
     Spec { resource: String, message: String },
-    #[error("MPS resource {resource:?} (pipe dir {}): cannot {action} {}: {source}", .pipe_dir.display(), .path.display())]
+    #[error("MPS resource {resource:?} (pipe dir {}): cannot {action} {}: {cause}", .pipe_dir.display(), .path.display())]
     Io {
         resource: String,
         pipe_dir: PathBuf,
         action: &'static str,
         path: PathBuf,
-        #[source]
-        source: io::Error,
+        cause: io::Error,
     },
     #[error("MPS resource {resource:?} (pipe dir {}): `{command}` failed: {detail}", .pipe_dir.display())]
     Command {
@@ -132,13 +131,12 @@ pub enum MpsError {
         command: String,
         detail: String,
     },
-    #[error("MPS root {}: cannot {action} {}: {source}", .root.display(), .path.display())]
+    #[error("MPS root {}: cannot {action} {}: {cause}", .root.display(), .path.display())]
     Root {
         root: PathBuf,
         action: &'static str,
         path: PathBuf,
-        #[source]
-        source: io::Error,
+        cause: io::Error,
     },
     /// Some daemons could not be brought up or stopped; the others were, as the report says.
     #[error("{}", .errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
@@ -186,7 +184,7 @@ pub fn reconcile(settings: &MpsSettings, wanted: &[DaemonSpec]) -> Result<MpsRep
         root: settings.root.clone(),
         action: "list",
         path: settings.root.clone(),
-        source: e,
+        cause: e,
     })?;
     for resource in present.iter().filter(|r| !seen.contains(r.as_str())) {
         let daemon = Daemon::new(settings, resource);
@@ -218,7 +216,7 @@ pub fn reconcile(settings: &MpsSettings, wanted: &[DaemonSpec]) -> Result<MpsRep
                     root: settings.root.clone(),
                     action: "write",
                     path: ready.path.clone(),
-                    source: e,
+                    cause: e,
                 })?;
             info!(path = %ready.path.display(), "every MPS daemon is up");
         }

@@ -18,6 +18,7 @@ mod ffi;
 pub mod model;
 pub mod sim;
 pub mod state;
+pub mod symbols;
 
 pub use faults::{read_log, LogEntry};
 pub use sim::Change;

@@ -751,3 +751,220 @@ fn compute_modes_are_kept_logged_and_refused_as_nvml_does() {
         "NVML_COMPUTEMODE_EXCLUSIVE_PROCESS"
     );
 }
+
+/// A symbol of the built library that nvml-wrapper does not bind (its legacy v1 names sit
+/// behind a feature gpu-share does not enable), looked up as go-nvml's dlsym does.
+fn raw<T: Copy>(name: &str) -> T {
+    // SAFETY: the library stays loaded for the whole child process (nvml-wrapper holds it too).
+    let lib = Box::leak(Box::new(
+        unsafe { libloading::Library::new(cdylib_path()) }.unwrap(),
+    ));
+    // SAFETY: `T` is the fn type nvml.h declares for `name`.
+    *unsafe { lib.get::<T>(name.as_bytes()) }.unwrap()
+}
+
+/// Issue 13 item 11: go-nvml looks GPUs up by PCI bus id; before the fix the symbol was missing
+/// (nvml-wrapper: FailedToLoadSymbol, go-nvml: "symbol lookup error").
+#[test]
+fn gpus_are_found_by_pci_bus_id_in_every_form_nvml_accepts() {
+    let state = State::with_gpus([enabled("h100"), Gpu::mig("a100")]);
+    let run = scenario(
+        "gpus_are_found_by_pci_bus_id_in_every_form_nvml_accepts",
+        state,
+        &[],
+        || {
+            let nvml = open();
+            let second = nvml.device_by_index(1).unwrap();
+            let bus_id = second.pci_info().unwrap().bus_id;
+            assert_eq!(bus_id, "00000000:28:00.0");
+            // nvml.h: domain:bus:device.function, domain:bus:device, bus:device.function (hex).
+            for form in [
+                bus_id.as_str(),
+                "0000:28:00.0",
+                "0:28:0",
+                "28:00.0",
+                "00000000:28:00.0 ",
+            ] {
+                let dev = nvml.device_by_pci_bus_id(form).unwrap();
+                assert_eq!(dev.index().unwrap(), 1, "{form}");
+            }
+            assert!(matches!(
+                nvml.device_by_pci_bus_id("00000000:99:00.0"),
+                Err(NvmlError::NotFound)
+            ));
+            assert!(matches!(
+                nvml.device_by_pci_bus_id("not-a-bus-id"),
+                Err(NvmlError::InvalidArg)
+            ));
+            type ByBusId = unsafe extern "C" fn(*const std::ffi::c_char, *mut nvmlDevice_t) -> u32;
+            let v1: ByBusId = raw("nvmlDeviceGetHandleByPciBusId");
+            let mut h = null_mut();
+            // SAFETY: NUL-terminated id, valid out-pointer.
+            assert_eq!(unsafe { v1(c"0000:18:00.0".as_ptr(), &mut h) }, 0);
+            // SAFETY: handle from the library.
+            assert_eq!(unsafe { Device::new(h, &nvml) }.index().unwrap(), 0);
+        },
+    );
+    let Some(run) = run else { return };
+    run.assert_passed();
+}
+
+/// Issue 13 item 13: the unversioned (v1) and `_v2` names go-nvml binds before the newest one,
+/// each with its own struct layout (nvml.h: legacy `nvmlPciInfo_t` with a 16-byte busId and
+/// reserved words; `nvmlProcessInfo_v1_t`; `nvmlComputeInstanceInfo_t` without placement).
+#[test]
+fn legacy_names_fill_their_own_struct_versions() {
+    let mut gpu = enabled("a30");
+    let gi = gpu.create_gpu_instance(5, None).unwrap();
+    let ci = gpu.create_compute_instance(gi, 1).unwrap();
+    let gpu = gpu.with_process(Process::on_mig(7, 512, gi, ci));
+    let run = scenario(
+        "legacy_names_fill_their_own_struct_versions",
+        State::with_gpus([gpu]),
+        &[],
+        || {
+            type Count = unsafe extern "C" fn(*mut u32) -> u32;
+            type ByIndex = unsafe extern "C" fn(u32, *mut nvmlDevice_t) -> u32;
+            type Pci = unsafe extern "C" fn(nvmlDevice_t, *mut [u8; 68]) -> u32;
+            type Procs<T> = unsafe extern "C" fn(nvmlDevice_t, *mut u32, *mut T) -> u32;
+            type CiInfo = unsafe extern "C" fn(nvmlComputeInstance_t, *mut [u8; 40]) -> u32;
+            let init: unsafe extern "C" fn() -> u32 = raw("nvmlInit");
+            // SAFETY: no arguments.
+            assert_eq!(unsafe { init() }, 0);
+            let mut n = 0;
+            // SAFETY: valid out-pointer.
+            assert_eq!(unsafe { raw::<Count>("nvmlDeviceGetCount")(&mut n) }, 0);
+            assert_eq!(n, 1);
+            let mut dev = null_mut();
+            // SAFETY: valid out-pointer.
+            assert_eq!(
+                unsafe { raw::<ByIndex>("nvmlDeviceGetHandleByIndex")(0, &mut dev) },
+                0
+            );
+
+            for name in ["nvmlDeviceGetPciInfo", "nvmlDeviceGetPciInfo_v2"] {
+                let mut buf = [0xAAu8; 68];
+                // SAFETY: handle from the library; 68 bytes >= the legacy 52.
+                assert_eq!(unsafe { raw::<Pci>(name)(dev, &mut buf) }, 0);
+                assert_eq!(
+                    &buf[..13],
+                    b"0000:18:00.0\0",
+                    "{name}: 16-byte legacy busId"
+                );
+                let word = |at: usize| u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap());
+                assert_eq!((word(16), word(20), word(24)), (0, 0x18, 0), "{name}");
+                assert_eq!(word(28), 0x20B7_10DE, "{name}: pciDeviceId");
+                assert_eq!(&buf[36..52], &[0; 16], "{name}: reserved words");
+                assert_eq!(
+                    &buf[52..],
+                    &[0xAA; 16],
+                    "{name} wrote past the legacy struct"
+                );
+            }
+
+            let mut count = 4;
+            let mut v1 = [nvmlProcessInfo_v1_t {
+                pid: 0,
+                usedGpuMemory: 0,
+            }; 4];
+            let f: Procs<nvmlProcessInfo_v1_t> = raw("nvmlDeviceGetComputeRunningProcesses");
+            // SAFETY: buffer of `count` entries.
+            assert_eq!(unsafe { f(dev, &mut count, v1.as_mut_ptr()) }, 0);
+            assert_eq!((count, v1[0].pid, v1[0].usedGpuMemory), (1, 7, 512 << 20));
+            let mut v2 = [nvmlProcessInfo_v2_t {
+                pid: 0,
+                usedGpuMemory: 0,
+                gpuInstanceId: 0,
+                computeInstanceId: 9,
+            }; 4];
+            let f: Procs<nvmlProcessInfo_v2_t> = raw("nvmlDeviceGetComputeRunningProcesses_v2");
+            count = 4;
+            // SAFETY: buffer of `count` entries.
+            assert_eq!(unsafe { f(dev, &mut count, v2.as_mut_ptr()) }, 0);
+            assert_eq!(
+                (
+                    count,
+                    v2[0].pid,
+                    v2[0].gpuInstanceId,
+                    v2[0].computeInstanceId
+                ),
+                (1, 7, gi, ci)
+            );
+
+            type GetGi = unsafe extern "C" fn(nvmlDevice_t, u32, *mut nvmlGpuInstance_t) -> u32;
+            type GetCi =
+                unsafe extern "C" fn(nvmlGpuInstance_t, u32, *mut nvmlComputeInstance_t) -> u32;
+            let (mut gih, mut cih) = (null_mut(), null_mut());
+            // SAFETY: handles from the library, valid out-pointers.
+            unsafe {
+                assert_eq!(
+                    raw::<GetGi>("nvmlDeviceGetGpuInstanceById")(dev, gi, &mut gih),
+                    0
+                );
+                assert_eq!(
+                    raw::<GetCi>("nvmlGpuInstanceGetComputeInstanceById")(gih, ci, &mut cih),
+                    0
+                );
+            }
+            let mut info = [0xAAu8; 40];
+            // SAFETY: handle from the library; 40 bytes = the v2 struct.
+            assert_eq!(
+                unsafe { raw::<CiInfo>("nvmlComputeInstanceGetInfo")(cih, &mut info) },
+                0
+            );
+            let word = |at: usize| u32::from_ne_bytes(info[at..at + 4].try_into().unwrap());
+            assert_eq!((word(16), word(20)), (ci, 1), "v1 id, profileId");
+            assert_eq!(&info[24..32], &[0xAA; 8], "v1 has no placement");
+
+            let shutdown: unsafe extern "C" fn() -> u32 = raw("nvmlShutdown");
+            // SAFETY: no arguments.
+            assert_eq!(unsafe { shutdown() }, 0);
+        },
+    );
+    let Some(run) = run else { return };
+    run.assert_passed();
+}
+
+/// Issue 13 item 12: a real client (go-nvml through mig-parted's default configs) creates
+/// `1g.20gb` devices with CI profile index 0 (`NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE`); the fake
+/// answered NOT_SUPPORTED. The driver's own default CI there stays 1_SLICE_REV1 (7).
+#[test]
+fn one_slice_compute_instance_on_a_1g_20gb_gpu_instance() {
+    let state = State::with_gpus([enabled("h100")]);
+    let run = scenario(
+        "one_slice_compute_instance_on_a_1g_20gb_gpu_instance",
+        state,
+        &[],
+        || {
+            let nvml = open();
+            let dev = nvml.device_by_index(0).unwrap();
+            let gi = create_gi(&nvml, &dev, 15, None).unwrap();
+            // SAFETY: zeroed C struct, filled by the call.
+            let mut info: nvmlComputeInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
+            let get = sym!(nvml, nvmlGpuInstanceGetComputeInstanceProfileInfo);
+            // SAFETY: handle from the library, valid out-pointer.
+            assert_eq!(unsafe { get(gi, 0, 0, &mut info) }, 0);
+            assert_eq!((info.id, info.sliceCount, info.instanceCount), (0, 1, 1));
+            // SAFETY: as above.
+            assert_eq!(unsafe { get(gi, 7, 0, &mut info) }, 0);
+            assert_eq!(info.id, 7);
+            let ci = create_ci(&nvml, gi, 0).expect("1_SLICE CI on a 1g.20gb GI");
+            assert_eq!(
+                dev.mig_device_by_index(0).unwrap().name().unwrap(),
+                "NVIDIA H100 80GB HBM3 MIG 1g.20gb"
+            );
+            // The GI has one compute slice: a second CI, of either profile, does not fit.
+            assert_eq!(
+                create_ci(&nvml, gi, 7),
+                Err(nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES)
+            );
+            // SAFETY: handle from the library.
+            assert_eq!(unsafe { sym!(nvml, nvmlComputeInstanceDestroy)(ci) }, 0);
+            create_ci(&nvml, gi, 7).expect("the default 1_SLICE_REV1 CI");
+        },
+    );
+    let Some(run) = run else { return };
+    run.assert_passed();
+    let gi = &run.state.gpus[0].gpu_instances[0];
+    assert_eq!((gi.profile_id, gi.compute_instances[0].profile_id), (15, 7));
+}

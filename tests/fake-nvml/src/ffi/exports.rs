@@ -52,6 +52,132 @@ fn pci_info(g: &Gpu) -> nvmlPciInfo_t {
     }
 }
 
+/// `domain`, `bus`, `device` of a PCI bus id in one of the forms nvml.h accepts for
+/// `nvmlDeviceGetHandleByPciBusId_v2` (hex): `domain:bus:device.function`,
+/// `domain:bus:device`, `bus:device.function`. Only function 0 exists on a GPU.
+fn parse_bus_id(text: &str) -> Option<(u32, u32, u32)> {
+    let (location, function) = match text.split_once('.') {
+        Some((l, f)) => (l, Some(u32::from_str_radix(f, 16).ok()?)),
+        None => (text, None),
+    };
+    let hex: Vec<u32> = location
+        .split(':')
+        .map(|h| u32::from_str_radix(h, 16).ok())
+        .collect::<Option<_>>()?;
+    let (domain, bus, device) = match (hex.as_slice(), function) {
+        ([d, b, v], _) => (*d, *b, *v),
+        ([b, v], Some(_)) => (0, *b, *v),
+        _ => return None,
+    };
+    (function.unwrap_or(0) == 0).then_some((domain, bus, device))
+}
+
+/// The physical GPU at a PCI bus id (MIG devices have no bus id of their own).
+fn find_by_bus_id(s: &Session, wanted: (u32, u32, u32)) -> Option<nvmlDevice_t> {
+    let at = |g: &Gpu| {
+        let p = pci_info(g);
+        (p.domain, p.bus, p.device)
+    };
+    let i = s.state.gpus.iter().position(|g| at(g) == wanted)?;
+    Some(device_handle(i))
+}
+
+/// The legacy `nvmlPciInfo_t` that `nvmlDeviceGetPciInfo` (v1) and `_v2` fill: a 16-byte
+/// `busId`, the five ids, four reserved words (nvml.h before API v10, e.g. the NVML 8 header;
+/// `_v3` replaced the reserved words with the 32-byte `busId`). 52 bytes, so a legacy caller's
+/// buffer is never overrun.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct LegacyPciInfo {
+    bus_id: [c_char; 16],
+    domain: c_uint,
+    bus: c_uint,
+    device: c_uint,
+    pci_device_id: c_uint,
+    pci_sub_system_id: c_uint,
+    reserved: [c_uint; 4],
+}
+
+fn legacy_pci_info(g: &Gpu) -> LegacyPciInfo {
+    let p = pci_info(g);
+    LegacyPciInfo {
+        bus_id: p.busIdLegacy,
+        domain: p.domain,
+        bus: p.bus,
+        device: p.device,
+        pci_device_id: p.pciDeviceId,
+        pci_sub_system_id: p.pciSubSystemId,
+        reserved: [0; 4],
+    }
+}
+
+/// The v1 `nvmlComputeInstanceInfo_t`: `_v2` appended `placement` (nvml.h 11.1), so v1 fills
+/// only the first four fields.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct ComputeInstanceInfoV1 {
+    device: nvmlDevice_t,
+    gpu_instance: nvmlGpuInstance_t,
+    id: c_uint,
+    profile_id: c_uint,
+}
+
+fn compute_instance_info(
+    s: &mut Session,
+    ci: nvmlComputeInstance_t,
+) -> Result<nvmlComputeInstanceInfo_t, Ret> {
+    let (i, gi, id) = s.ci(ci)?;
+    let c = s.gpu(i)?.compute_instance(gi, id).ok_or(INVALID_ARGUMENT)?;
+    let placement = nvmlComputeInstancePlacement_t {
+        start: c.placement.start,
+        size: c.placement.size,
+    };
+    let profile_id = c.profile_id;
+    Ok(nvmlComputeInstanceInfo_t {
+        device: device_handle(i),
+        gpuInstance: s.handle(Obj::Gi(i, gi)) as nvmlGpuInstance_t,
+        id,
+        profileId: profile_id,
+        placement,
+    })
+}
+
+/// Processes a device handle sees: every one on a physical GPU (with GI/CI ids in MIG mode),
+/// or a MIG device's own.
+fn running_processes(s: &Session, device: nvmlDevice_t) -> Result<Vec<nvmlProcessInfo_v2_t>, Ret> {
+    let (i, on) = match s.device(device)? {
+        Dev::Phys(i) => (i, None),
+        Dev::Mig(i, gi, ci) => (i, Some((gi, ci))),
+    };
+    let procs = s.gpu(i)?.processes.iter();
+    let mine = procs.filter(|p| on.is_none_or(|(gi, ci)| p.in_ci(gi, ci)));
+    Ok(mine.map(process_info).collect())
+}
+
+/// The `nvmlProcessInfo_v1_t` list of `nvmlDeviceGetComputeRunningProcesses` (v1): pid and
+/// memory only, 16 bytes an entry.
+fn v1_processes(list: &[nvmlProcessInfo_v2_t]) -> Vec<nvmlProcessInfo_v1_t> {
+    let v1 = |p: &nvmlProcessInfo_v2_t| nvmlProcessInfo_v1_t {
+        pid: p.pid,
+        usedGpuMemory: p.usedGpuMemory,
+    };
+    list.iter().map(v1).collect()
+}
+
+/// # Safety
+/// `bus_id` is null or NUL-terminated.
+unsafe fn handle_by_bus_id(s: &Session, bus_id: *const c_char) -> Result<nvmlDevice_t, Ret> {
+    if bus_id.is_null() {
+        return Err(INVALID_ARGUMENT);
+    }
+    // SAFETY: non-null, and NUL-terminated per this function's contract.
+    let text = unsafe { CStr::from_ptr(bus_id) }
+        .to_str()
+        .map_err(|_| INVALID_ARGUMENT)?;
+    let wanted = parse_bus_id(text.trim()).ok_or(INVALID_ARGUMENT)?;
+    find_by_bus_id(s, wanted).ok_or(NOT_FOUND)
+}
+
 fn gi_placements(p: &GpuInstanceProfile) -> Vec<nvmlGpuInstancePlacement_t> {
     let to = |p: &gpu_share::mig::catalog::Placement| nvmlGpuInstancePlacement_t {
         start: p.start,
@@ -194,10 +320,41 @@ exports! {
         unsafe { put(count, s.state.gpus.len() as c_uint) }
     }
 
+    /// v1 differs from `_v2` only for GPUs the caller may not access (nvml.h), which the fake
+    /// does not simulate.
+    fn nvmlDeviceGetCount(s, count: *mut c_uint) {
+        // SAFETY: caller's pointers.
+        unsafe { put(count, s.state.gpus.len() as c_uint) }
+    }
+
     fn nvmlDeviceGetHandleByIndex_v2(s, index: c_uint, device: *mut nvmlDevice_t) {
         s.gpu(index as usize)?;
         // SAFETY: caller's pointers.
         unsafe { put(device, device_handle(index as usize)) }
+    }
+
+    /// As `_v2` (the difference is the same as for the count).
+    fn nvmlDeviceGetHandleByIndex(s, index: c_uint, device: *mut nvmlDevice_t) {
+        s.gpu(index as usize)?;
+        // SAFETY: caller's pointers.
+        unsafe { put(device, device_handle(index as usize)) }
+    }
+
+    /// nvml.h: forms `domain:bus:device.function`, `domain:bus:device`, `bus:device.function`
+    /// (hex, any case); a malformed id → INVALID_ARGUMENT, no GPU there → NOT_FOUND.
+    fn nvmlDeviceGetHandleByPciBusId_v2(s, bus_id: *const c_char, device: *mut nvmlDevice_t) {
+        // SAFETY: caller's pointers (NUL-terminated per the NVML contract).
+        let h = unsafe { handle_by_bus_id(s, bus_id)? };
+        // SAFETY: caller's pointers.
+        unsafe { put(device, h) }
+    }
+
+    /// The unversioned (v1) name go-nvml binds before it finds `_v2`; same lookup.
+    fn nvmlDeviceGetHandleByPciBusId(s, bus_id: *const c_char, device: *mut nvmlDevice_t) {
+        // SAFETY: caller's pointers (NUL-terminated per the NVML contract).
+        let h = unsafe { handle_by_bus_id(s, bus_id)? };
+        // SAFETY: caller's pointers.
+        unsafe { put(device, h) }
     }
 
     fn nvmlDeviceGetHandleByUUID(s, uuid: *const c_char, device: *mut nvmlDevice_t) {
@@ -244,6 +401,22 @@ exports! {
         unsafe { put(pci, info) }
     }
 
+    /// The legacy 52-byte struct (see `LegacyPciInfo`).
+    fn nvmlDeviceGetPciInfo_v2(s, device: nvmlDevice_t, pci: *mut LegacyPciInfo) {
+        let (Dev::Phys(i) | Dev::Mig(i, ..)) = s.device(device)?;
+        let info = legacy_pci_info(s.gpu(i)?);
+        // SAFETY: caller's pointers.
+        unsafe { put(pci, info) }
+    }
+
+    /// The legacy 52-byte struct, as `_v2`.
+    fn nvmlDeviceGetPciInfo(s, device: nvmlDevice_t, pci: *mut LegacyPciInfo) {
+        let (Dev::Phys(i) | Dev::Mig(i, ..)) = s.device(device)?;
+        let info = legacy_pci_info(s.gpu(i)?);
+        // SAFETY: caller's pointers.
+        unsafe { put(pci, info) }
+    }
+
     /// The aggregate on a physical GPU (nvml.h: with enough privileges, which the fake always
     /// has), the GPU instance's memory on a MIG device.
     fn nvmlDeviceGetMemoryInfo(s, device: nvmlDevice_t, memory: *mut nvmlMemory_t) {
@@ -268,16 +441,29 @@ exports! {
     }
 
     /// Every process on a physical GPU (with GI/CI ids in MIG mode), or a MIG device's own.
+    /// `_v3` and `_v2` share the 24-byte `nvmlProcessInfo_v2_t` (nvml.h: `nvmlProcessInfo_t`
+    /// is `nvmlProcessInfo_v2_t`).
     fn nvmlDeviceGetComputeRunningProcesses_v3(
         s, device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t
     ) {
-        let (i, on) = match s.device(device)? {
-            Dev::Phys(i) => (i, None),
-            Dev::Mig(i, gi, ci) => (i, Some((gi, ci))),
-        };
-        let procs = s.gpu(i)?.processes.iter();
-        let mine = procs.filter(|p| on.is_none_or(|(gi, ci)| p.in_ci(gi, ci)));
-        let list: Vec<_> = mine.map(process_info).collect();
+        let list = running_processes(s, device)?;
+        // SAFETY: caller's pointers.
+        unsafe { put_counted(infos, count, &list, false) }
+    }
+
+    fn nvmlDeviceGetComputeRunningProcesses_v2(
+        s, device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v2_t
+    ) {
+        let list = running_processes(s, device)?;
+        // SAFETY: caller's pointers.
+        unsafe { put_counted(infos, count, &list, false) }
+    }
+
+    /// v1 entries are `nvmlProcessInfo_v1_t` (pid, memory; 16 bytes).
+    fn nvmlDeviceGetComputeRunningProcesses(
+        s, device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t
+    ) {
+        let list = v1_processes(&running_processes(s, device)?);
         // SAFETY: caller's pointers.
         unsafe { put_counted(infos, count, &list, false) }
     }
@@ -425,6 +611,17 @@ exports! {
         let (_, p) = s.gpu(s.phys(device)?)?.gi_profile_by_id(profile_id)?;
         // SAFETY: caller's pointers.
         unsafe { put_counted(placements, count, &gi_placements(p), true) }
+    }
+
+    /// The pre-`_v2` call: same list, but a null buffer is not a count query (inferred: the
+    /// count query is what nvml.h documents as new in `_v2`).
+    fn nvmlDeviceGetGpuInstancePossiblePlacements(
+        s, device: nvmlDevice_t, profile_id: c_uint,
+        placements: *mut nvmlGpuInstancePlacement_t, count: *mut c_uint
+    ) {
+        let (_, p) = s.gpu(s.phys(device)?)?.gi_profile_by_id(profile_id)?;
+        // SAFETY: caller's pointers.
+        unsafe { put_counted(placements, count, &gi_placements(p), false) }
     }
 
     fn nvmlDeviceGetGpuInstanceRemainingCapacity(
@@ -598,19 +795,20 @@ exports! {
     fn nvmlComputeInstanceGetInfo_v2(
         s, ci: nvmlComputeInstance_t, info: *mut nvmlComputeInstanceInfo_t
     ) {
-        let (i, gi, id) = s.ci(ci)?;
-        let c = s.gpu(i)?.compute_instance(gi, id).ok_or(INVALID_ARGUMENT)?;
-        let placement =
-            nvmlComputeInstancePlacement_t { start: c.placement.start, size: c.placement.size };
-        let profile_id = c.profile_id;
-        let v = nvmlComputeInstanceInfo_t {
-            device: device_handle(i),
-            gpuInstance: s.handle(Obj::Gi(i, gi)) as nvmlGpuInstance_t,
-            id,
-            profileId: profile_id,
-            placement,
-        };
+        let v = compute_instance_info(s, ci)?;
         // SAFETY: caller's pointers.
         unsafe { put(info, v) }
+    }
+
+    /// v1: without `placement` (see `ComputeInstanceInfoV1`).
+    fn nvmlComputeInstanceGetInfo(
+        s, ci: nvmlComputeInstance_t, info: *mut ComputeInstanceInfoV1
+    ) {
+        let v = compute_instance_info(s, ci)?;
+        let v1 = ComputeInstanceInfoV1 {
+            device: v.device, gpu_instance: v.gpuInstance, id: v.id, profile_id: v.profileId,
+        };
+        // SAFETY: caller's pointers.
+        unsafe { put(info, v1) }
     }
 }

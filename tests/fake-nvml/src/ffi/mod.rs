@@ -581,6 +581,13 @@ pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
     init("nvmlInit_v2")
 }
 
+/// The v1 name: nvml.h maps `nvmlInit` to `nvmlInit_v2`, and go-nvml binds it before it finds
+/// `_v2`. v1 also fails on GPUs the caller may not access, which the fake does not simulate.
+#[no_mangle]
+pub extern "C" fn nvmlInit() -> nvmlReturn_t {
+    init("nvmlInit")
+}
+
 /// Flags (NO_GPUS, NO_ATTACH) change nothing here: the fake never attaches to hardware.
 #[no_mangle]
 pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
