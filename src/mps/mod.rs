@@ -3,6 +3,7 @@
 //! how its limits are derived.
 
 pub mod daemon;
+pub mod planned;
 pub mod shm;
 
 use crate::profile::Mps;

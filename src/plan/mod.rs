@@ -13,10 +13,10 @@ pub use steps::{steps, Step};
 
 use crate::device_plugin::{self, PluginConfig};
 use crate::mig::{self, catalog, Geometry, GpuModel};
-use crate::mps::{parse_pinned_memory_limit, PinnedMemoryLimit};
+use crate::mps::planned::{mig_mps, pinned_per_client};
 use crate::profile::{
-    mig_counts, mig_strategy, validate_for, DeviceSelector, MigStrategy, Mode, Mps, Problem,
-    Profile, Rule, RuleRef,
+    mig_counts, mig_strategy, validate_for, DeviceSelector, MigStrategy, Mode, Problem, Profile,
+    Rule, RuleRef,
 };
 use crate::sharing::PluginKind;
 use crate::timeslice;
@@ -242,7 +242,7 @@ fn plan_gpu(
             None => timeslice::replicas(time_slicing),
         };
         let (model, geometry) = plan_mig(gpu, &wanted)?;
-        let mps = mps.map(|m| plan_mig_mps(m, model, &wanted)).transpose()?;
+        let mps = mps.map(|m| mig_mps(m, model, &wanted)).transpose()?;
         for instance in geometry.target() {
             *plan
                 .resources
@@ -293,55 +293,6 @@ fn plan_gpu(
     plan.resources
         .insert(shared_name("nvidia.com/gpu", rename, replicas), replicas);
     Ok(plan)
-}
-
-/// The pinned device memory per MPS client of a device with `memory_mib` (`whose` names it in
-/// the error when `auto` meets an unknown size).
-fn pinned_per_client(
-    mps: &Mps,
-    memory_mib: Option<u64>,
-    whose: &str,
-) -> Result<Option<u64>, String> {
-    let limit = mps
-        .pinned_memory_limit
-        .as_deref()
-        .map(parse_pinned_memory_limit)
-        .transpose()?;
-    match (limit, memory_mib) {
-        (Some(PinnedMemoryLimit::Auto), None) => Err(format!(
-            "mps.pinnedMemoryLimit is auto, but {whose} memory size is unknown"
-        )),
-        (Some(l), mem) => Ok(Some(
-            l.per_client_mib(mem.unwrap_or(0), mps.replicas as u64),
-        )),
-        (None, _) => Ok(None),
-    }
-}
-
-/// MPS inside the MIG devices of `model`: the client limit of each wanted profile (exact for
-/// this model), and the pinned memory per client from each profile's memory.
-fn plan_mig_mps(
-    mps: &Mps,
-    model: &GpuModel,
-    wanted: &BTreeMap<String, u32>,
-) -> Result<MigMps, String> {
-    let mut pinned = BTreeMap::new();
-    for name in wanted.keys() {
-        let profile = model
-            .profile(name)
-            .expect("plan_mig only places the model's profiles");
-        if let Some(why) = crate::mps::too_many_clients_on_mig(mps.replicas, profile, model) {
-            return Err(why);
-        }
-        let whose = format!("the {name} MIG profile's");
-        if let Some(mib) = pinned_per_client(mps, profile.memory_mib, &whose)? {
-            pinned.insert(name.clone(), mib);
-        }
-    }
-    Ok(MigMps {
-        active_thread_percentage: mps.active_thread_percentage.map(|p| p as u32),
-        pinned_memory_limit_mib: pinned,
-    })
 }
 
 /// The GPU's catalog model and its MIG geometry, keeping what can stay.

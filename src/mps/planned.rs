@@ -1,0 +1,58 @@
+//! MPS's slice of the plan: the limits a GPU (or each MIG device) planned for MPS gets, with
+//! `pinnedMemoryLimit: auto` worked out from the device's memory. `plan` composes it.
+
+use std::collections::BTreeMap;
+
+use super::{parse_pinned_memory_limit, PinnedMemoryLimit};
+use crate::mig::GpuModel;
+use crate::profile::Mps;
+use crate::sharing::MigMps;
+
+/// The pinned device memory per MPS client of a device with `memory_mib` (`whose` names it in
+/// the error when `auto` meets an unknown size).
+pub fn pinned_per_client(
+    mps: &Mps,
+    memory_mib: Option<u64>,
+    whose: &str,
+) -> Result<Option<u64>, String> {
+    let limit = mps
+        .pinned_memory_limit
+        .as_deref()
+        .map(parse_pinned_memory_limit)
+        .transpose()?;
+    match (limit, memory_mib) {
+        (Some(PinnedMemoryLimit::Auto), None) => Err(format!(
+            "mps.pinnedMemoryLimit is auto, but {whose} memory size is unknown"
+        )),
+        (Some(l), mem) => Ok(Some(
+            l.per_client_mib(mem.unwrap_or(0), mps.replicas as u64),
+        )),
+        (None, _) => Ok(None),
+    }
+}
+
+/// MPS inside the MIG devices of `model`: the client limit of each wanted profile (exact for
+/// this model), and the pinned memory per client from each profile's memory.
+pub fn mig_mps(
+    mps: &Mps,
+    model: &GpuModel,
+    wanted: &BTreeMap<String, u32>,
+) -> Result<MigMps, String> {
+    let mut pinned = BTreeMap::new();
+    for name in wanted.keys() {
+        let profile = model
+            .profile(name)
+            .expect("plan_mig only places the model's profiles");
+        if let Some(why) = super::too_many_clients_on_mig(mps.replicas, profile, model) {
+            return Err(why);
+        }
+        let whose = format!("the {name} MIG profile's");
+        if let Some(mib) = pinned_per_client(mps, profile.memory_mib, &whose)? {
+            pinned.insert(name.clone(), mib);
+        }
+    }
+    Ok(MigMps {
+        active_thread_percentage: mps.active_thread_percentage.map(|p| p as u32),
+        pinned_memory_limit_mib: pinned,
+    })
+}
