@@ -69,7 +69,9 @@ pub fn log_agent_to(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Fields drop in order: the agent (on `runtime`) stops before the node's temp dir goes.
 pub struct World {
+    runtime: tokio::runtime::Runtime,
     pub api: Arc<KubeDouble>,
     pub node: AgentNode,
     _plugins: DevicePluginKubelet,
@@ -77,7 +79,6 @@ pub struct World {
     pub metrics_port: u16,
     pub agent_log: PathBuf,
     seen: Arc<Mutex<Vec<Seen>>>,
-    runtime: tokio::runtime::Runtime,
 }
 
 #[derive(Parser)]

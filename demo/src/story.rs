@@ -297,7 +297,7 @@ impl Step {
 
 /// Event notes list every MIG step; the story shows their start.
 fn shorten(text: &str) -> String {
-    const MAX: usize = 200;
+    const MAX: usize = 240;
     match text.char_indices().nth(MAX) {
         Some((cut, _)) => format!("{}… ({} chars)", &text[..cut], text.len()),
         None => text.to_string(),
