@@ -68,7 +68,7 @@ fn serve(world: &sim::World) -> anyhow::Result<()> {
     println!("  kubectl get nodes -L gpu-share.dev/profile,gpu-share.dev/profile.state");
     println!("  kubectl label node {node} gpu-share.dev/profile=inference-small --overwrite");
     println!("  kubectl label node {node} gpu-share.dev/profile=inference-mixed --overwrite");
-    println!("  kubectl get events -A");
+    println!("  kubectl get events.events.k8s.io -A   # the agent writes events.k8s.io/v1 Events");
     println!("  kubectl get node {node} -o jsonpath='{{.status.allocatable}}'");
     println!(
         "  curl -s http://127.0.0.1:{}/metrics | grep gpu_share_",
