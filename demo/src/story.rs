@@ -16,6 +16,24 @@ use crate::profiles::{BROKEN, INFERENCE_MIXED, INFERENCE_MIXED_EDITED, INFERENCE
 use crate::show::Show;
 use crate::sim::{World, NODE};
 
+/// The demo's tenant pods and the PID of each one's GPU process: 0 and 1 on whole GPUs before
+/// the first profile, a-c on MIG instances after it.
+const TENANTS: [(&str, u32); 5] = [
+    ("tenant-0", 4000),
+    ("tenant-1", 4001),
+    ("tenant-a", 5000),
+    ("tenant-b", 5001),
+    ("tenant-c", 5002),
+];
+
+fn pid_of(pod: &str) -> u32 {
+    TENANTS
+        .iter()
+        .find(|(name, _)| *name == pod)
+        .map(|(_, pid)| *pid)
+        .expect("a tenant of TENANTS")
+}
+
 /// A MIG instance as the story tracks it: (GPU, GI id, placement start, size).
 type Instance = (usize, u32, u32, u32);
 
@@ -48,10 +66,7 @@ fn introduce(world: &World, show: &Show) -> anyhow::Result<()> {
     );
     world.node.add_workloads(
         &world.api,
-        &[
-            whole_gpu("tenant-0", 4000, 0),
-            whole_gpu("tenant-1", 4001, 1),
-        ],
+        &[whole_gpu("tenant-0", 0), whole_gpu("tenant-1", 1)],
     );
     show.line("tenant pods default/tenant-0 and default/tenant-1 run on whole GPUs 0 and 1");
     allocatable(world, show, "advertised (no profile applied yet)");
@@ -83,9 +98,9 @@ fn change_profile(world: &World, show: &Show) -> anyhow::Result<()> {
     );
     let at_start = |gpu| world.node.gi_at(gpu, 0);
     let tenants = [
-        Workload::on_mig("tenant-a", 5000, 0, at_start(0)),
-        Workload::on_mig("tenant-b", 5001, 6, at_start(6)),
-        Workload::on_mig("tenant-c", 5002, 7, at_start(7)),
+        Workload::on_mig("tenant-a", pid_of("tenant-a"), 0, at_start(0)),
+        Workload::on_mig("tenant-b", pid_of("tenant-b"), 6, at_start(6)),
+        Workload::on_mig("tenant-c", pid_of("tenant-c"), 7, at_start(7)),
     ];
     world.node.add_workloads(&world.api, &tenants);
     for t in &tenants {
@@ -322,16 +337,7 @@ fn instances(world: &World) -> BTreeSet<Instance> {
 /// The running tenants and the instance (or whole GPU: GI `u32::MAX`) each one's process uses.
 fn pods_on_instances(world: &World) -> BTreeMap<String, Instance> {
     let state = world.node.nvml();
-    let names: BTreeMap<u32, String> = [
-        (4000, "tenant-0"),
-        (4001, "tenant-1"),
-        (5000, "tenant-a"),
-        (5001, "tenant-b"),
-        (5002, "tenant-c"),
-    ]
-    .into_iter()
-    .map(|(p, n)| (p, n.to_string()))
-    .collect();
+    let names: BTreeMap<u32, &str> = TENANTS.iter().map(|(n, p)| (*p, *n)).collect();
     let mut out = BTreeMap::new();
     for (i, gpu) in state.gpus.iter().enumerate() {
         for p in &gpu.processes {
@@ -348,16 +354,16 @@ fn pods_on_instances(world: &World) -> BTreeMap<String, Instance> {
                     }),
                 None => (i, u32::MAX, 0, 0),
             };
-            out.insert(name.clone(), at);
+            out.insert(name.to_string(), at);
         }
     }
     out
 }
 
-fn whole_gpu(pod: &str, pid: u32, gpu: usize) -> Workload {
+fn whole_gpu(pod: &str, gpu: usize) -> Workload {
     Workload {
         pod: pod.to_string(),
-        pid,
+        pid: pid_of(pod),
         gpu,
         gi: None,
     }
