@@ -2042,3 +2042,43 @@ fn every_profile_in_the_configmap_validates_and_is_the_example_it_copies() {
     let (ok, out) = validate(&file);
     assert!(ok, "the rendered ConfigMap does not validate:\n{out}");
 }
+
+/// The README's "Install on a real cluster" kustomization: its `images:` entry must name the
+/// image the manifests use (name and tag), or `kubectl kustomize` would silently leave the
+/// agent on `gpu-share:0.1.0`, an image the user never pushed.
+#[test]
+fn the_readme_install_kustomization_retargets_every_gpu_share_image() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let snippet = readme
+        .split_once("cat > deploy/my-cluster/kustomization.yaml <<'EOF'\n")
+        .and_then(|(_, rest)| rest.split_once("\nEOF\n"))
+        .map(|(s, _)| s)
+        .expect("README: the install section's kustomization heredoc");
+    let k = yaml_docs_in(snippet, "README kustomization").remove(0);
+    let image = &k["images"][0];
+    let (name, tag) = (
+        image["name"].as_str().expect("images[0].name"),
+        image["newTag"].as_str().expect("images[0].newTag"),
+    );
+    let ours = format!("{name}:{tag}");
+    for overlay in overlays() {
+        let rendered = render(&deploy().join("overlays").join(&overlay));
+        let images: Vec<String> = all::<DaemonSet>(&rendered.objects, "DaemonSet")
+            .into_iter()
+            .filter_map(|ds| ds.spec?.template.spec)
+            .flat_map(|pod| {
+                let init = pod.init_containers.unwrap_or_default();
+                init.into_iter().chain(pod.containers)
+            })
+            .filter_map(|c| c.image)
+            .collect();
+        assert!(images.contains(&ours), "{overlay}: no {ours} in {images:?}");
+        for i in &images {
+            let repository = i.rsplit_once(':').map_or(i.as_str(), |(r, _)| r);
+            assert!(
+                i == &ours || repository != name,
+                "{overlay}: image {i} is gpu-share's but not {ours}, which the README retargets"
+            );
+        }
+    }
+}

@@ -169,10 +169,13 @@ where
                 }
                 Err(kube::Error::Api(s)) if s.code == 429 => {
                     metrics.eviction("blocked");
-                    blocked.insert(
-                        t,
-                        format!("blocked by a PodDisruptionBudget: {}", s.message),
-                    );
+                    let why = format!("blocked by a PodDisruptionBudget: {}", s.message);
+                    // Said at once, not only in the 10 s progress line: an operator watching a
+                    // drain that does not move wants the budget's name now.
+                    if blocked.get(&t) != Some(&why) {
+                        info!(pod = %t, %why, "eviction refused; waiting and retrying");
+                    }
+                    blocked.insert(t, why);
                 }
                 Err(e) => {
                     blocked.insert(t, format!("eviction failed: {e}"));

@@ -85,7 +85,18 @@ impl AgentNode {
 
     /// The fixtures of node `name` with `gpus`, for a Node the caller put at the API double.
     pub fn for_node(api: &Arc<KubeDouble>, name: &str, gpus: Vec<Gpu>) -> AgentNode {
-        let dir = tempfile::tempdir().unwrap();
+        Self::for_node_in(api, name, gpus, tempfile::tempdir().unwrap())
+    }
+
+    /// [`Self::for_node`] with its fixtures in `dir`: for a process that runs the agent
+    /// in-process and so must point the fake NVML (`FAKE_NVML_STATE`, read from the
+    /// environment) at `dir/nvml.json` before it starts any thread.
+    pub fn for_node_in(
+        api: &Arc<KubeDouble>,
+        name: &str,
+        gpus: Vec<Gpu>,
+        dir: tempfile::TempDir,
+    ) -> AgentNode {
         State::with_gpus(gpus)
             .write_to(dir.path().join("nvml.json"))
             .unwrap();

@@ -26,10 +26,12 @@ use nvidia_ml::{cdylib_path, read_log, Gpu, LogEntry, State};
 
 mod agent;
 mod cli;
+mod device_plugins;
 mod pod_resources;
 
 pub use agent::*;
 pub use cli::*;
+pub use device_plugins::{gpu_allocatable, Advertised, DevicePluginKubelet};
 pub use pod_resources::PodResourcesKubelet;
 
 pub const NS: &str = "gpu-share";

@@ -1,0 +1,164 @@
+//! `gpu-share-demo` run as a user runs it, its stdout captured: the story's outcomes, chapter by
+//! chapter, not only the exit code. Every figure asserted here is one the demo read back from
+//! the simulated world (the API double's Node, evictions and Events; the fake NVML's state and
+//! mutation log; the agent's /metrics and log).
+
+use std::process::Command;
+
+fn run_demo() -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-share-demo"))
+        .output()
+        .expect("run gpu-share-demo");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Chapter `n`'s text (from its `== n.` title to the next title).
+fn chapter(out: &str, n: usize) -> &str {
+    let start = out
+        .find(&format!("== {n}. "))
+        .unwrap_or_else(|| panic!("no chapter {n} in:\n{out}"));
+    let rest = &out[start..];
+    let end = rest[3..].find("\n== ").map_or(rest.len(), |e| e + 3);
+    &rest[..end]
+}
+
+/// The states line of a chapter, as state names in order (timings dropped).
+fn states(chapter: &str) -> Vec<&str> {
+    let line = chapter
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("states: "))
+        .unwrap_or_else(|| panic!("no states line in:\n{chapter}"));
+    line.split(" → ")
+        .map(|s| s.split_whitespace().next().unwrap())
+        .collect()
+}
+
+fn has(chapter: &str, line: &str) {
+    assert!(
+        chapter.lines().any(|l| l.trim() == line),
+        "missing line {line:?} in:\n{chapter}"
+    );
+}
+
+fn has_prefix(chapter: &str, prefix: &str) {
+    assert!(
+        chapter.lines().any(|l| l.trim().starts_with(prefix)),
+        "no line starting {prefix:?} in:\n{chapter}"
+    );
+}
+
+#[test]
+fn the_demo_tells_the_whole_agent_story_and_exits_zero() {
+    let out = run_demo();
+    println!("{out}");
+
+    let start = chapter(&out, 0);
+    has(
+        start,
+        "node status.allocatable advertised (no profile applied yet): no nvidia.com/* resources",
+    );
+
+    // 1. The first label: every state the agent publishes, in order; the tenants on the whole
+    // GPUs that become MIG are evicted; the built-in plugin's devices reach the Node.
+    let first = chapter(&out, 1);
+    assert_eq!(
+        states(first),
+        ["pending", "draining", "applying", "success"]
+    );
+    has(
+        first,
+        "evicted default/tenant-0: it ran on whole GPU 0, which becomes MIG",
+    );
+    has(
+        first,
+        "evicted default/tenant-1: it ran on whole GPU 1, which becomes MIG",
+    );
+    has(
+        first,
+        "MIG instances: 0 kept (GPUs none untouched), 0 destroyed, 56 created",
+    );
+    has(
+        first,
+        "node status.allocatable now advertised: nvidia.com/mig-1g.10gb: 56",
+    );
+
+    // 2. Relabel: a budget blocks one eviction, the agent waits and says so (its state, its
+    // log, its metric); once relaxed, only the pods on changed instances were evicted, and
+    // GPUs 0-5 kept their instances.
+    let change = chapter(&out, 2);
+    has_prefix(change, "eviction of default/tenant-c refused (429): ");
+    has_prefix(change, "agent state while blocked: draining (");
+    has_prefix(
+        change,
+        "agent log: gpu_share::agent::drain: eviction refused; waiting and retrying pod=default/tenant-c",
+    );
+    let blocked: f64 = change
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix(r#"agent /metrics: gpu_share_evictions_total{outcome="blocked"} "#)
+        })
+        .expect("blocked evictions metric line")
+        .parse()
+        .unwrap();
+    assert!(blocked >= 1.0, "{change}");
+    assert_eq!(
+        states(change),
+        ["pending", "draining", "applying", "success"]
+    );
+    has(
+        change,
+        "kept default/tenant-a running: its GPU instance stays",
+    );
+    has_prefix(change, "evicted default/tenant-b: it ran on GPU 6 GI");
+    has_prefix(change, "evicted default/tenant-c: it ran on GPU 7 GI");
+    assert!(!change.contains("evicted default/tenant-a"), "{change}");
+    has(
+        change,
+        "MIG instances: 42 kept (GPUs 0,1,2,3,4,5 untouched), 14 destroyed, 4 created",
+    );
+    has(
+        change,
+        "node status.allocatable now advertised: nvidia.com/mig-1g.10gb: 42, nvidia.com/mig-3g.40gb: 4",
+    );
+
+    // 3. A ConfigMap edit is re-applied without a label change; nobody runs on the changed
+    // instances, so there is no drain.
+    let edit = chapter(&out, 3);
+    assert_eq!(states(edit), ["pending", "applying", "success"]);
+    assert!(!edit.contains("evicted default/"), "{edit}");
+    has(
+        edit,
+        "node status.allocatable now advertised: nvidia.com/mig-1g.10gb: 50, nvidia.com/mig-3g.40gb: 2",
+    );
+
+    // 4. An invalid profile: failed, naming profile, rule, GPU and the rule broken; no NVML
+    // mutation, same layout, same devices advertised.
+    let invalid = chapter(&out, 4);
+    assert_eq!(states(invalid), ["failed"]);
+    has_prefix(
+        invalid,
+        r#"reason: nothing was changed: error: profile "broken", rule 1 "too-many""#,
+    );
+    assert!(
+        invalid.contains("8 × 1g.10gb asked, but at most 7"),
+        "{invalid}"
+    );
+    has(
+        invalid,
+        "nothing touched: 0 NVML mutations, MIG layout unchanged",
+    );
+    has(
+        invalid,
+        "node status.allocatable still advertised: nvidia.com/mig-1g.10gb: 50, nvidia.com/mig-3g.40gb: 2",
+    );
+
+    has_prefix(chapter(&out, 5), "story complete in ");
+}
