@@ -272,13 +272,13 @@ impl Step {
                 .filter(|g| !on_gpu(&after, *g).is_empty())
                 .map(|g| g.to_string())
                 .collect();
+            let untouched = if untouched.is_empty() {
+                "no GPU untouched".to_string()
+            } else {
+                format!("GPUs {} untouched", untouched.join(","))
+            };
             show.line(&format!(
-                "MIG instances: {kept} kept (GPUs {} untouched), {gone} destroyed, {made} created",
-                if untouched.is_empty() {
-                    "none".into()
-                } else {
-                    untouched.join(",")
-                }
+                "MIG instances: {kept} kept ({untouched}), {gone} destroyed, {made} created"
             ));
         }
         let mutations = world.node.mutations().len() - self.mutations;

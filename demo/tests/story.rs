@@ -82,7 +82,7 @@ fn the_demo_tells_the_whole_agent_story_and_exits_zero() {
     );
     has(
         first,
-        "MIG instances: 0 kept (GPUs none untouched), 0 destroyed, 56 created",
+        "MIG instances: 0 kept (no GPU untouched), 0 destroyed, 56 created",
     );
     has(
         first,
