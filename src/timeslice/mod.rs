@@ -9,8 +9,20 @@ use crate::profile::{MigStrategy, TimeSlicing};
 /// replica is not sharing, so a profile says `exclusive: true` instead.
 pub const MIN_REPLICAS: i64 = 2;
 
+/// The most replicas per device. The NVIDIA device plugin sets no cap, but each replica is one
+/// device it lists to the kubelet (and the built-in plugin builds one per replica), while a node
+/// runs at most 110 pods by default (Kubernetes' `maxPods`): 1024 per GPU or MIG device is more
+/// than any node can schedule, and keeps a typo such as 1000000000 from exhausting memory.
+pub const MAX_REPLICAS: i64 = 1024;
+
 /// Problems with a `timeSlicing` block, as sentences.
 pub fn validate(ts: &TimeSlicing) -> Vec<String> {
+    if ts.replicas > MAX_REPLICAS {
+        return vec![format!(
+            "timeSlicing.replicas is {}, but it must be between {MIN_REPLICAS} and {MAX_REPLICAS}: each replica is one device listed to the kubelet, and a node runs at most 110 pods by default",
+            ts.replicas
+        )];
+    }
     if ts.replicas < MIN_REPLICAS {
         let hint = if ts.replicas == 1 {
             " (one replica is not sharing: use `exclusive: true`)"
@@ -68,5 +80,22 @@ mod tests {
         }
         assert!(validate(&TimeSlicing { replicas: 1 })[0].contains("exclusive: true"));
         assert!(validate(&TimeSlicing { replicas: 2 }).is_empty());
+    }
+
+    #[test]
+    fn replicas_above_the_cap_are_refused() {
+        assert!(validate(&TimeSlicing {
+            replicas: MAX_REPLICAS
+        })
+        .is_empty());
+        let p = validate(&TimeSlicing {
+            replicas: 1_000_000_000,
+        });
+        assert_eq!(p.len(), 1);
+        assert!(
+            p[0].contains("is 1000000000, but it must be between 2 and 1024"),
+            "{}",
+            p[0]
+        );
     }
 }
