@@ -215,7 +215,7 @@ fn overlapping_selectors(name: &str, rules: &[Rule]) -> Vec<Problem> {
     let mut claims = Claims::default();
     let mut problems = Vec::new();
     for (j, rule) in rules.iter().enumerate() {
-        if let Some((i, why)) = claims.first_overlap(j, &rule.devices) {
+        if let Some((i, why)) = claims.claim(j, &rule.devices) {
             problems.push(
                 Problem::error(
                     name,
@@ -227,7 +227,6 @@ fn overlapping_selectors(name: &str, rules: &[Rule]) -> Vec<Problem> {
                 .in_rule(j, rule),
             );
         }
-        claims.claim(j, &rule.devices);
     }
     problems
 }
@@ -245,66 +244,56 @@ struct Claims {
 }
 
 impl Claims {
-    /// The first earlier rule that `selector` (rule `j`) overlaps, and how.
-    fn first_overlap(&self, j: usize, selector: &DeviceSelector) -> Option<(usize, String)> {
+    /// Record what `selector` (rule `j`) selects, and return the first earlier rule it
+    /// overlaps, with how.
+    fn claim(&mut self, j: usize, selector: &DeviceSelector) -> Option<(usize, String)> {
         let after_all = self
             .first_all
             .map(|i| (i, "`all` selects every GPU".to_string()));
-        let found: Option<(usize, String)> = match selector {
-            DeviceSelector::All if j > 0 => Some((0, "`all` selects every GPU".to_string())),
-            DeviceSelector::All => None,
-            DeviceSelector::Indices(list) => {
-                let mut common: BTreeMap<usize, BTreeSet<u32>> = BTreeMap::new();
-                for i in list {
-                    if let Some(&owner) = self.indices.get(i) {
-                        common.entry(owner).or_default().insert(*i);
-                    }
-                }
-                common
-                    .into_iter()
-                    .next()
-                    .map(|(owner, gpus)| (owner, format!("both select GPU {}", join(&gpus))))
+        let found = match selector {
+            DeviceSelector::All => {
+                self.first_all.get_or_insert(j);
+                (j > 0).then(|| (0, "`all` selects every GPU".to_string()))
             }
-            DeviceSelector::Product(pattern) => {
-                let by_name = product_names_matching(pattern)
-                    .filter_map(|n| self.products.get(n).map(|&owner| (owner, n)))
-                    .min_by_key(|(owner, _)| *owner)
-                    .map(|(owner, n)| (owner, format!("both match product {n:?}")));
-                let by_pattern = self
-                    .patterns
-                    .get(&pattern.to_ascii_lowercase())
-                    .map(|&owner| (owner, format!("both match product {pattern:?}")));
-                by_name
-                    .into_iter()
-                    .chain(by_pattern)
-                    .min_by_key(|(o, _)| *o)
-            }
+            DeviceSelector::Indices(list) => self.claim_indices(j, list),
+            DeviceSelector::Product(pattern) => self.claim_product(j, pattern),
         };
         [found, after_all]
             .into_iter()
             .flatten()
-            .min_by_key(|(o, _)| *o)
+            .min_by_key(|(owner, _)| *owner)
     }
 
-    fn claim(&mut self, j: usize, selector: &DeviceSelector) {
-        match selector {
-            DeviceSelector::All => {
-                self.first_all.get_or_insert(j);
-            }
-            DeviceSelector::Indices(list) => {
-                for i in list {
-                    self.indices.entry(*i).or_insert(j);
-                }
-            }
-            DeviceSelector::Product(pattern) => {
-                for n in product_names_matching(pattern) {
-                    self.products.entry(n).or_insert(j);
-                }
-                self.patterns
-                    .entry(pattern.to_ascii_lowercase())
-                    .or_insert(j);
+    fn claim_indices(&mut self, j: usize, list: &[u32]) -> Option<(usize, String)> {
+        let mut common: BTreeMap<usize, BTreeSet<u32>> = BTreeMap::new();
+        for &i in list {
+            let owner = *self.indices.entry(i).or_insert(j);
+            if owner != j {
+                common.entry(owner).or_default().insert(i);
             }
         }
+        let (owner, gpus) = common.into_iter().next()?;
+        Some((owner, format!("both select GPU {}", join(&gpus))))
+    }
+
+    fn claim_product(&mut self, j: usize, pattern: &str) -> Option<(usize, String)> {
+        let by_name = product_names_matching(pattern)
+            .map(|n| (*self.products.entry(n).or_insert(j), n))
+            .filter(|(owner, _)| *owner != j)
+            .min_by_key(|(owner, _)| *owner)
+            .map(|(owner, n)| (owner, format!("both match product {n:?}")));
+        let by_pattern = Some(
+            *self
+                .patterns
+                .entry(pattern.to_ascii_lowercase())
+                .or_insert(j),
+        )
+        .filter(|owner| *owner != j)
+        .map(|owner| (owner, format!("both match product {pattern:?}")));
+        by_name
+            .into_iter()
+            .chain(by_pattern)
+            .min_by_key(|(owner, _)| *owner)
     }
 }
 
