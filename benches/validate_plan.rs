@@ -4,11 +4,15 @@
 //! validate it against the catalog, plan it for a node of 8 GPUs. The `10k_nodes` group does
 //! that for 10,000 nodes × 8 GPUs; the goal is well under a second on one core.
 //!
+//! The `validate_rules` group parses and validates profiles of 1k to 10k rules (issue 13: it
+//! grew faster than linearly). Profiles over the 1024-rule cap are refused, but every rule is
+//! still checked, so the figures show the cost per rule; 1024 is the largest accepted profile.
+//!
 //! Run: `cargo bench --bench validate_plan`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use gpu_share::plan::{plan, ObservedNode};
-use gpu_share::profile::parse_profile;
+use gpu_share::profile::{parse_profile, validate, MAX_RULES};
 
 const CASES: &[(&str, &str, &str)] = &[
     (
@@ -67,5 +71,34 @@ fn ten_thousand_nodes(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, per_node, ten_thousand_nodes);
+/// A profile of `n` time-slicing rules, each selecting its own product name.
+fn many_rules(n: usize) -> String {
+    let mut text = String::from("version: v1\nrules:\n");
+    for i in 0..n {
+        text.push_str(&format!(
+            "  - {{name: r{i}, devices: {{product: \"GPU model {i}\"}}, timeSlicing: {{replicas: 4}}}}\n"
+        ));
+    }
+    text
+}
+
+fn validate_rules(c: &mut Criterion) {
+    let mut group = c.benchmark_group("validate_rules");
+    group.sample_size(10);
+    for n in [1_000, MAX_RULES, 2_000, 4_000, 8_000, 10_000] {
+        let text = many_rules(n);
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &text, |b, text| {
+            b.iter(|| {
+                let profile = parse_profile("many", text).expect("parses");
+                let problems = validate("many", &profile);
+                assert_eq!(problems.iter().any(|p| p.is_error()), n > MAX_RULES);
+                problems.len()
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, per_node, ten_thousand_nodes, validate_rules);
 criterion_main!(benches);

@@ -385,3 +385,31 @@ fn node_writes_refused_with_403_make_the_agent_not_ready_until_they_go_through()
         a.starts_with("HTTP/1.1 200")
     });
 }
+
+/// Issue 13, item 2: a ConfigMap key over 1 MiB (more than a ConfigMap can hold) is refused
+/// before it is parsed: state `failed` naming the key and the limit, nothing done to the GPUs.
+#[test]
+fn a_configmap_key_over_1_mib_fails_unparsed_and_changes_nothing() {
+    let api = Arc::new(KubeDouble::start());
+    configmap(&api);
+    let node = balanced_node(&api, "gpu-9", &[]);
+    let before = node.mutations().len();
+
+    let mut huge = profile_text("h100-inference");
+    huge.push('#');
+    huge.push_str(&"x".repeat(gpu_share::profile::MAX_PROFILE_BYTES));
+    api.update_configmap_key(NS, CM, "huge", Some(&huge));
+    api.set_node_label("gpu-9", PROFILE_LABEL, Some("huge"));
+    wait_state(&api, &node, "failed", Duration::from_secs(20));
+    let reason = annotation(&api, "gpu-9", REASON).unwrap();
+    assert!(
+        reason.contains("profile \"huge\"") && reason.contains("larger than 1048576 bytes"),
+        "{reason}"
+    );
+    assert_eq!(
+        node.mutations().len(),
+        before,
+        "a profile refused for its size changes nothing on the GPUs"
+    );
+    assert!(!unschedulable(&api, "gpu-9"));
+}

@@ -458,3 +458,243 @@ mod on_a_node {
         );
     }
 }
+
+/// Every count has an upper bound (issue 13, item 1); the message names the field, the value
+/// and the range. The bounds and their reasons are documented in `src/profile/format.rs`.
+mod bounds {
+    use super::*;
+
+    #[test]
+    fn a_billion_time_slicing_replicas() {
+        assert_one_error(
+            "version: v1\nrules: [{devices: all, timeSlicing: {replicas: 1000000000}}]\n",
+            Some(1),
+            None,
+            "timeSlicing.replicas is 1000000000, but it must be between 2 and 1024",
+        );
+    }
+
+    #[test]
+    fn time_slicing_replicas_at_the_cap_are_accepted() {
+        let text = "version: v1\nrules: [{devices: all, timeSlicing: {replicas: 1024}}]\n";
+        assert!(problems(text).is_empty(), "{:#?}", problems(text));
+    }
+
+    #[test]
+    fn mig_devices_time_sliced_too_often() {
+        assert_one_error(
+            "version: v1\nrules: [{devices: all, mig: {1g.10gb: 7}, timeSlicing: {replicas: 5000}}]\n",
+            Some(1),
+            None,
+            "timeSlicing.replicas is 5000, but it must be between 2 and 1024",
+        );
+    }
+
+    #[test]
+    fn replicas_too_large_for_any_integer_name_the_field_and_range() {
+        // Over 64 bits: before, `serde_yaml::Value` refused it ("not valid YAML … expected any
+        // YAML value") without saying which field.
+        assert_one_error(
+            "version: v1\nrules: [{devices: all, timeSlicing: {replicas: 99999999999999999999}}]\n",
+            None,
+            None,
+            "timeSlicing.replicas is 99999999999999999999, but it must be between 2 and 1024",
+        );
+        assert_one_error(
+            "version: v1\nrules: [{devices: all, mps: {replicas: 18446744073709551615}}]\n",
+            None,
+            None,
+            "mps.replicas is 18446744073709551615, but it must be between 2 and 48",
+        );
+    }
+
+    #[test]
+    fn mig_count_too_large_for_any_integer() {
+        // Counts that fit an i64 meet the catalog ("at most 7 instances of 1g.10gb"); one over
+        // 64 bits is named with its range before any catalog lookup.
+        assert_one_error(
+            "version: v1\nrules: [{devices: all, mig: {1g.10gb: 99999999999999999999}}]\n",
+            None,
+            None,
+            "rules[0].mig.1g.10gb: the MIG count is 99999999999999999999, but it must be between 1 and 7",
+        );
+    }
+
+    #[test]
+    fn gpu_index_beyond_any_node() {
+        assert_one_error(
+            "version: v1\nrules: [{devices: [0, 99999], exclusive: true}]\n",
+            Some(1),
+            None,
+            "devices lists GPU 99999, but GPU indices run from 0 to 63",
+        );
+        let text = "version: v1\nrules: [{devices: [63], exclusive: true}]\n";
+        assert!(problems(text).is_empty(), "{:#?}", problems(text));
+    }
+
+    fn exclusive_rules(n: usize) -> String {
+        let mut text = String::from("version: v1\nrules:\n");
+        for i in 0..n {
+            text.push_str(&format!(
+                "  - {{devices: {{product: \"GPU model {i}\"}}, exclusive: true}}\n"
+            ));
+        }
+        text
+    }
+
+    #[test]
+    fn more_rules_than_the_cap() {
+        assert_one_error(
+            &exclusive_rules(1025),
+            None,
+            None,
+            "the profile has 1025 rules, but at most 1024 are allowed",
+        );
+        let at_cap = exclusive_rules(1024);
+        assert!(problems(&at_cap).iter().all(|p| !p.is_error()));
+    }
+
+    #[test]
+    fn a_profile_larger_than_a_config_map_is_refused_unparsed() {
+        // 1 MiB + 1 byte of a YAML comment: refused on its length alone.
+        let mut text = "version: v1\nrules: [{devices: all, exclusive: true}]\n#".to_string();
+        text.push_str(&"x".repeat(gpu_share::profile::MAX_PROFILE_BYTES + 1 - text.len()));
+        assert_one_error(
+            &text,
+            None,
+            None,
+            "is larger than 1048576 bytes (1 MiB), the most gpu-share reads",
+        );
+        let err = gpu_share::profile::parse_profile("key", &text).unwrap_err();
+        assert!(
+            err.message
+                .contains("the profile is larger than 1048576 bytes"),
+            "{err}"
+        );
+    }
+}
+
+/// Issue 13, item 2: overlap checks compare each rule with what earlier rules claimed, once.
+mod overlaps {
+    use super::*;
+
+    #[test]
+    fn each_overlapping_rule_is_reported_once_against_the_first_rule_it_meets() {
+        let errors: Vec<String> = problems(
+            "version: v1\nrules:\n  - {devices: [0, 1], exclusive: true}\n  - {devices: [1, 2], exclusive: true}\n  - {devices: [2, 1, 0], exclusive: true}\n",
+        )
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        assert_eq!(errors.len(), 2, "{errors:#?}");
+        assert!(
+            errors[0].contains(
+                "rule 2 (devices [1, 2]): its devices overlap rule 1's: both select GPU 1"
+            ),
+            "{}",
+            errors[0]
+        );
+        assert!(
+            errors[1].contains(
+                "rule 3 (devices [2, 1, 0]): its devices overlap rule 1's: both select GPU 0, 1"
+            ),
+            "{}",
+            errors[1]
+        );
+    }
+
+    #[test]
+    fn equal_product_patterns_outside_the_catalog_overlap() {
+        assert_one_error(
+            "version: v1\nrules:\n  - {devices: {product: \"NVIDIA RTX 9999\"}, exclusive: true}\n  - {devices: {product: \"nvidia rtx 9999\"}, exclusive: true}\n",
+            Some(2),
+            None,
+            "both match product \"nvidia rtx 9999\"",
+        );
+    }
+
+    #[test]
+    fn a_rule_after_all_overlaps_it() {
+        assert_one_error(
+            "version: v1\nrules:\n  - {devices: [0], exclusive: true}\n  - {devices: all, exclusive: true}\n",
+            Some(2),
+            None,
+            "its devices overlap rule 1's: `all` selects every GPU",
+        );
+    }
+}
+
+/// Issue 13, item 9: MPS settings a GPU cannot honour.
+mod mps_on_the_gpu {
+    use super::*;
+
+    fn plan_problems(text: &str, gpus: &[&str]) -> Result<Vec<String>, Vec<String>> {
+        let profile = read_profiles("bad", text).remove(0).profile.unwrap();
+        let node = ObservedNode::simulated(&gpus.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let show = |ps: Vec<Problem>| ps.iter().map(ToString::to_string).collect::<Vec<_>>();
+        plan("bad", &profile, &node)
+            .map(|p| show(p.warnings))
+            .map_err(show)
+    }
+
+    #[test]
+    fn pinned_memory_above_the_gpus_memory_warns_on_each_gpu() {
+        let warnings = plan_problems(
+            "version: v1\nrules: [{devices: all, mps: {replicas: 4, pinnedMemoryLimit: 500Gi}}]\n",
+            &["h100x2"],
+        )
+        .expect("a warning, not an error");
+        let over: Vec<&String> = warnings
+            .iter()
+            .filter(|w| w.contains("limits nothing"))
+            .collect();
+        assert_eq!(over.len(), 3, "{warnings:#?}");
+        assert!(over.iter().any(|w| w.contains("GPU 1 (NVIDIA H100 80GB HBM3): mps.pinnedMemoryLimit gives each client 512000 MiB, but this GPU has 81559 MiB")), "{over:#?}");
+    }
+
+    #[test]
+    fn pinned_memory_above_every_known_gpu_warns_in_validate() {
+        let found = problems(
+            "version: v1\nrules: [{devices: all, mps: {replicas: 4, pinnedMemoryLimit: 500Gi}}]\n",
+        );
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert_eq!(found[0].severity, Severity::Warning);
+        assert!(
+            found[0]
+                .message
+                .contains("more than any GPU this rule can select has"),
+            "{}",
+            found[0]
+        );
+        let fits = problems(
+            "version: v1\nrules: [{devices: all, mps: {replicas: 4, pinnedMemoryLimit: 16Gi}}]\n",
+        );
+        assert!(fits.is_empty(), "{fits:#?}");
+    }
+
+    #[test]
+    fn mps_on_a_jetson_says_mps_is_not_available() {
+        let errors = plan_problems(
+            "version: v1\nrules: [{devices: all, mps: {replicas: 4, pinnedMemoryLimit: auto}}]\n",
+            &["NVIDIA Jetson AGX Orin Developer Kit"],
+        )
+        .expect_err("MPS refused");
+        assert_eq!(errors.len(), 1, "{errors:#?}");
+        assert!(
+            errors[0].contains("MPS is not available on NVIDIA Jetson AGX Orin Developer Kit"),
+            "{}",
+            errors[0]
+        );
+        assert!(
+            !errors[0].contains("memory size is unknown"),
+            "{}",
+            errors[0]
+        );
+        assert_one_error(
+            "version: v1\nrules: [{devices: {product: \"*Orin*\"}, mps: {replicas: 2}}]\n",
+            Some(1),
+            None,
+            "MPS is not available on *Orin*",
+        );
+    }
+}

@@ -595,3 +595,50 @@ fn the_agent_without_a_kubeconfig_names_the_missing_file_once() {
         "{said}"
     );
 }
+
+/// Issue 13, item 3: the schema states the ranges `validate` enforces, so editors flag them.
+#[test]
+fn schema_gives_every_count_its_range() {
+    let schema = json(&gpu_share(&["schema"]));
+    let defs = &schema["$defs"];
+    let range = |v: &serde_json::Value| (v["minimum"].as_i64(), v["maximum"].as_i64());
+    assert_eq!(schema["properties"]["rules"]["maxItems"], 1024);
+    assert_eq!(
+        range(&defs["TimeSlicing"]["properties"]["replicas"]),
+        (Some(2), Some(1024))
+    );
+    assert_eq!(
+        range(&defs["Mps"]["properties"]["replicas"]),
+        (Some(2), Some(48))
+    );
+    assert_eq!(
+        range(&defs["Mps"]["properties"]["activeThreadPercentage"]),
+        (Some(1), Some(100))
+    );
+    assert_eq!(
+        range(&defs["Rule"]["properties"]["mig"]["additionalProperties"]),
+        (Some(1), Some(7))
+    );
+    let index = &defs["DeviceSelector"]["oneOf"][1]["items"]["oneOf"][0];
+    assert_eq!(range(index), (Some(0), Some(63)));
+}
+
+/// Issue 13, item 2: a file over 1 MiB is refused after reading 1 MiB + 1 byte, not parsed.
+#[test]
+fn validate_refuses_a_file_over_1_mib() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.yaml");
+    let mut text = std::fs::read_to_string("profiles/exclusive.yaml").unwrap();
+    text.push('#');
+    text.push_str(&"x".repeat(2 * 1024 * 1024));
+    std::fs::write(&path, text).unwrap();
+    let out = gpu_share(&["validate", path.to_str().unwrap(), "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let results = json(&out);
+    let text = results.to_string();
+    assert!(
+        text.contains("the file is larger than 1048576 bytes"),
+        "{text}"
+    );
+    assert!(text.contains("\"huge\""), "{text}");
+}

@@ -19,7 +19,9 @@ use crate::gpu::Gpus;
 use crate::mig::catalog;
 use crate::mps::daemon::{self, MpsSettings};
 use crate::plan::{plan_for, ObservedNode};
-use crate::profile::{read_profiles, validate_for, NamedProfile, Problem, Profile};
+use crate::profile::{
+    check_size, read_profiles, validate_for, NamedProfile, Problem, Profile, MAX_PROFILE_BYTES,
+};
 
 /// Share NVIDIA GPUs in Kubernetes: MIG geometry, MPS and time-slicing from one profile.
 #[derive(Parser, Debug)]
@@ -485,12 +487,25 @@ fn report_problems(output: Output, problems: &[Problem]) -> Result<ExitCode> {
     Ok(ExitCode::FAILURE)
 }
 
+/// The profiles in a file. At most [`MAX_PROFILE_BYTES`] + 1 bytes are read: a larger file is
+/// refused without reading the rest.
 fn read_file(path: &Path) -> Result<Vec<NamedProfile>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    use std::io::Read;
     let stem = path
         .file_stem()
         .map_or_else(|| "profile".into(), |s| s.to_string_lossy().into_owned());
+    let cannot_read = || format!("cannot read {}", path.display());
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_PROFILE_BYTES as u64 + 1).read_to_end(&mut bytes))
+        .with_context(cannot_read)?;
+    if let Err(problem) = check_size(&stem, "file", bytes.len()) {
+        return Ok(vec![NamedProfile {
+            name: stem,
+            profile: Err(problem),
+        }]);
+    }
+    let text = String::from_utf8(bytes).with_context(cannot_read)?;
     Ok(read_profiles(&stem, &text))
 }
 

@@ -9,10 +9,8 @@ pub mod shm;
 use crate::profile::Mps;
 use crate::sharing::PlannedMode;
 
-/// The MPS server accepts at most 48 clients per device on compute capability >= 7.5 (16 on
-/// older GPUs); NVIDIA's MPS daemon refuses more replicas ("invalid device maximum allowed
-/// replicas exceeded").
-pub const MAX_REPLICAS: i64 = 48;
+/// The client bound is part of the profile format (its schema states it); this mode checks it.
+pub use crate::profile::MAX_MPS_REPLICAS as MAX_REPLICAS;
 
 /// The most MPS clients one MIG device takes. The MIG User Guide: "CUDA MPS is supported on top
 /// of MIG. The only limitation is that the maximum number of clients (48) is lowered
@@ -74,7 +72,9 @@ pub fn parse_pinned_memory_limit(text: &str) -> Result<PinnedMemoryLimit, String
     if n == 0 {
         return Err("mps.pinnedMemoryLimit must be more than 0".into());
     }
-    Ok(PinnedMemoryLimit::Mib(n * factor))
+    n.checked_mul(factor)
+        .map(PinnedMemoryLimit::Mib)
+        .ok_or_else(|| format!("mps.pinnedMemoryLimit {text:?} is larger than any GPU's memory"))
 }
 
 impl PinnedMemoryLimit {
@@ -85,6 +85,51 @@ impl PinnedMemoryLimit {
             PinnedMemoryLimit::Mib(m) => m,
         }
     }
+}
+
+/// Why MPS cannot run on the GPU named `product`, if it is a Jetson/Tegra integrated GPU (its
+/// NVML name, or the device tree's model, says Tegra, Jetson, Orin or Xavier). Those boards have
+/// no NVML, and MPS control daemons are started per GPU found through NVML (the NVIDIA device
+/// plugin's MPS daemon and ours alike); `gpu-share doctor` says the same of a Tegra node.
+pub fn unavailable_on(product: &str) -> Option<String> {
+    let lower = product.to_ascii_lowercase();
+    ["tegra", "jetson", "orin", "xavier"]
+        .iter()
+        .any(|word| lower.contains(word))
+        .then(|| {
+            format!(
+                "MPS is not available on {product}: a Jetson/Tegra integrated GPU has no NVML, through which MPS control daemons are started; share it by time-slicing (`timeSlicing: {{replicas: N}}`)"
+            )
+        })
+}
+
+/// A warning when `mps.pinnedMemoryLimit` gives each client more than the whole device has:
+/// the limit then limits nothing. `device` names the device (`this GPU`, `the 1g.10gb MIG
+/// device`).
+pub fn pinned_over_memory(limit_mib: u64, memory_mib: u64, device: &str) -> Option<String> {
+    (limit_mib > memory_mib).then(|| {
+        format!(
+            "mps.pinnedMemoryLimit gives each client {limit_mib} MiB, but {device} has {memory_mib} MiB: the limit limits nothing (give at most the device's memory, or `auto`)"
+        )
+    })
+}
+
+/// A warning when a fixed `mps.pinnedMemoryLimit` exceeds the memory of every GPU the rule can
+/// meet: `models` are the catalog models its selector matches (every catalog model for an index
+/// or `all` selector). Nothing is said when no model is known.
+pub fn pinned_over_every_model(mps: &Mps, models: &[&crate::mig::GpuModel]) -> Option<String> {
+    let Ok(PinnedMemoryLimit::Mib(limit)) =
+        parse_pinned_memory_limit(mps.pinned_memory_limit.as_deref()?)
+    else {
+        return None;
+    };
+    let largest = models.iter().max_by_key(|m| m.total_memory_mib)?;
+    (limit > largest.total_memory_mib).then(|| {
+        format!(
+            "mps.pinnedMemoryLimit gives each client {limit} MiB, more than any GPU this rule can select has (the largest, {}, has {} MiB): the limit limits nothing",
+            largest.nvml_name, largest.total_memory_mib
+        )
+    })
 }
 
 /// This mode's entries in the device plugin's `sharing.mps.resources`: the NVIDIA plugin's MPS
@@ -182,5 +227,25 @@ mod tests {
         assert!(validate(&mps(49, None, None))[0].contains("at most 48"));
         assert!(validate(&mps(4, Some(0), None))[0].contains("between 1 and 100"));
         assert!(validate(&mps(4, None, Some("lots")))[0].contains("not `auto`"));
+        // 2^64 MiB overflows: refused, not wrapped around to a small limit.
+        let huge = format!("{}Gi", u64::MAX / 512);
+        assert!(validate(&mps(4, None, Some(&huge)))[0].contains("larger than any GPU"));
+    }
+
+    #[test]
+    fn tegra_boards_have_no_mps() {
+        for product in [
+            "NVIDIA Jetson AGX Orin Developer Kit",
+            "Orin",
+            "NVIDIA Tegra X1",
+            "Xavier",
+        ] {
+            let why = unavailable_on(product).expect(product);
+            assert!(
+                why.starts_with(&format!("MPS is not available on {product}: ")),
+                "{why}"
+            );
+        }
+        assert!(unavailable_on("NVIDIA H100 80GB HBM3").is_none());
     }
 }

@@ -112,6 +112,7 @@ pub fn plan_for(
         return Err(problems);
     }
     problems.extend(absent_gpus(name, profile, node));
+    problems.extend(pinned_memory_warnings(name, &gpus, node));
     if !unselected.is_empty() {
         problems.push(Problem::warning(
             name,
@@ -279,6 +280,9 @@ fn plan_gpu(
             timeslice::replicas(Some(ts))
         }
         Mode::Mps(mps) => {
+            if let Some(why) = crate::mps::unavailable_on(&gpu.product) {
+                return Err(why);
+            }
             let replicas = mps.replicas as u64;
             let pinned = pinned_per_client(mps, gpu.memory_mib, "this GPU's")?;
             plan.mode = PlannedMode::Mps {
@@ -293,6 +297,31 @@ fn plan_gpu(
     plan.resources
         .insert(shared_name("nvidia.com/gpu", rename, replicas), replicas);
     Ok(plan)
+}
+
+/// A warning for each MPS GPU whose pinned-memory limit per client exceeds its whole memory.
+fn pinned_memory_warnings(name: &str, gpus: &[GpuPlan], node: &ObservedNode) -> Vec<Problem> {
+    gpus.iter()
+        .filter_map(|planned| {
+            let PlannedMode::Mps {
+                pinned_memory_limit_mib: Some(limit),
+                ..
+            } = planned.mode
+            else {
+                return None;
+            };
+            let observed = node.gpus.iter().find(|g| g.index == planned.index)?;
+            let why = crate::mps::pinned_over_memory(limit, observed.memory_mib?, "this GPU")?;
+            let warning = Problem::warning(name, why).on_gpu(observed.describe());
+            Some(match &planned.rule {
+                Some(rule) => Problem {
+                    rule: Some(Box::new(rule.clone())),
+                    ..warning
+                },
+                None => warning,
+            })
+        })
+        .collect()
 }
 
 /// The GPU's catalog model and its MIG geometry, keeping what can stay.

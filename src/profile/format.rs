@@ -16,12 +16,58 @@
 //!
 //! Unknown fields are errors: a misspelt key silently ignored is how the NVIDIA plugin's users
 //! lose a day (its config parse is not strict).
+//!
+//! Every count has an upper bound, checked by `validate` and stated in the JSON schema, so that
+//! a typo cannot make the agent build a billion devices:
+//!
+//! | what | range | why |
+//! |---|---|---|
+//! | profile text | at most [`MAX_PROFILE_BYTES`] (1 MiB) | a ConfigMap cannot hold more (Kubernetes: "the data stored in a ConfigMap cannot exceed 1 MiB"); refused before parsing |
+//! | `rules` | 1 to [`MAX_RULES`] (1024) | a node has at most 64 GPUs, so more rules than that cannot all select one; 1024 leaves room for product rules |
+//! | `devices` indices | 0 to [`MAX_GPU_INDEX`] (63) | NVML numbers a node's GPUs from 0; the largest single systems have 16 |
+//! | `timeSlicing.replicas` | 2 to [`MAX_TIME_SLICING_REPLICAS`] (1024) | each replica is one device listed to the kubelet; a node runs at most 110 pods by default, so more are never used |
+//! | `mps.replicas` | 2 to [`MAX_MPS_REPLICAS`] (48) | the MPS server's client limit |
+//! | `mps.activeThreadPercentage` | 1 to 100 | a percentage |
+//! | `mig` counts | 1 to [`MAX_MIG_COUNT`] (7) | no GPU holds more than 7 GPU instances (the schema says so; `validate` checks each count against the catalog's per-model limit) |
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+/// The largest profile text read, in bytes: a ConfigMap's data cannot exceed 1 MiB, so a larger
+/// profile is a mistake; it is refused before it is parsed (parsing 50 MB took minutes and GBs).
+pub const MAX_PROFILE_BYTES: usize = 1024 * 1024;
+
+/// The most rules a profile may have. A node has at most [`MAX_GPU_INDEX`] + 1 GPUs, so at most
+/// that many index rules can each select a GPU; the rest of the room is for product rules.
+pub const MAX_RULES: usize = 1024;
+
+/// The largest GPU index a `devices` list may name. NVML numbers a node's GPUs 0, 1, …; the
+/// largest single systems (DGX-2, HGX with NVSwitch) have 16, so 64 leaves room and still
+/// catches a typo such as 99999.
+pub const MAX_GPU_INDEX: u32 = 63;
+
+/// The largest count of one MIG profile: no GPU holds more than 7 GPU instances (A100, H100,
+/// H200: 7 compute slices; shared/reference/mig-profiles.yaml).
+pub const MAX_MIG_COUNT: i64 = 7;
+
+/// The fewest time-slicing replicas: the NVIDIA device plugin refuses `replicas < 2` ("number of
+/// replicas must be >= 2"); one replica is not sharing, so a profile says `exclusive: true`.
+pub const MIN_TIME_SLICING_REPLICAS: i64 = 2;
+
+/// The most time-slicing replicas per device. The NVIDIA device plugin sets no cap, but each
+/// replica is one device it lists to the kubelet (and the built-in plugin builds one per replica),
+/// while a node runs at most 110 pods by default (Kubernetes' `maxPods`): 1024 per GPU or MIG
+/// device is more than any node can schedule, and keeps a typo such as 1000000000 from exhausting
+/// memory.
+pub const MAX_TIME_SLICING_REPLICAS: i64 = 1024;
+
+/// The MPS server accepts at most 48 clients per device on compute capability >= 7.5 (16 on
+/// older GPUs); NVIDIA's MPS daemon refuses more replicas ("invalid device maximum allowed
+/// replicas exceeded").
+pub const MAX_MPS_REPLICAS: i64 = 48;
 
 /// A sharing profile.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -36,6 +82,8 @@ pub struct Profile {
     #[serde(default)]
     pub plugin: PluginOptions,
     /// Which GPUs share how. A GPU that no rule selects stays exclusive (one whole GPU, MIG off).
+    /// 1 to 1024 rules.
+    #[schemars(length(min = 1, max = MAX_RULES))]
     pub rules: Vec<Rule>,
 }
 
@@ -99,8 +147,14 @@ pub struct Rule {
     /// (built-in plugin only), each MIG device gets its own daemon and `replicas` clients.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps: Option<Mps>,
-    /// MIG: the GPU-instance profiles to create on each selected GPU, name → count.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// MIG: the GPU-instance profiles to create on each selected GPU, name → count (1 to 7:
+    /// no GPU holds more than 7 GPU instances).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "counts::mig"
+    )]
+    #[schemars(schema_with = "counts::mig_schema")]
     pub mig: Option<BTreeMap<String, i64>>,
 }
 
@@ -108,7 +162,11 @@ pub struct Rule {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct TimeSlicing {
-    /// How many pods may share each device; at least 2.
+    /// How many pods may share each device: 2 to 1024. Each replica is one device the plugin
+    /// lists to the kubelet, and a node runs at most 110 pods by default, so more than 1024 per
+    /// GPU (or per MIG device) are never used.
+    #[serde(deserialize_with = "counts::time_slicing_replicas")]
+    #[schemars(range(min = MIN_TIME_SLICING_REPLICAS, max = MAX_TIME_SLICING_REPLICAS))]
     pub replicas: i64,
 }
 
@@ -117,9 +175,16 @@ pub struct TimeSlicing {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Mps {
     /// How many clients share each GPU; 2 to 48 (the MPS server's client limit on Volta+).
+    #[serde(deserialize_with = "counts::mps_replicas")]
+    #[schemars(range(min = 2, max = MAX_MPS_REPLICAS))]
     pub replicas: i64,
     /// Default `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` per client, 1–100.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "counts::active_thread_percentage"
+    )]
+    #[schemars(range(min = 1, max = 100))]
     pub active_thread_percentage: Option<i64>,
     /// Default pinned device memory per client: `auto` (GPU memory / replicas) or a quantity
     /// such as `8Gi`, `8G`, `8192Mi`, `8192M`.
@@ -304,6 +369,167 @@ mod selector_serde {
     }
 }
 
+mod counts {
+    //! Counts are read as any integer YAML can write, so a number too large for `i64` is
+    //! refused with the field's name and range instead of a bare type error; the range itself
+    //! is checked by `validate`, which names the profile and rule.
+    use serde::de::{self, Deserializer, MapAccess, Visitor};
+    use std::collections::BTreeMap;
+    use std::fmt;
+
+    /// One count field: its name as written in a profile and its valid range, for messages.
+    struct Count {
+        field: &'static str,
+        min: i64,
+        max: i64,
+    }
+
+    impl Count {
+        fn too_large<E: de::Error>(&self, shown: impl fmt::Display) -> E {
+            E::custom(format!(
+                "{} is {shown}, but it must be between {} and {}",
+                self.field, self.min, self.max
+            ))
+        }
+    }
+
+    impl<'de> Visitor<'de> for &Count {
+        type Value = i64;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(
+                f,
+                "{}: a whole number from {} to {}",
+                self.field, self.min, self.max
+            )
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<i64, E> {
+            Ok(v)
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<i64, E> {
+            i64::try_from(v).map_err(|_| self.too_large(v))
+        }
+
+        fn visit_i128<E: de::Error>(self, v: i128) -> Result<i64, E> {
+            i64::try_from(v).map_err(|_| self.too_large(v))
+        }
+
+        fn visit_u128<E: de::Error>(self, v: u128) -> Result<i64, E> {
+            i64::try_from(v).map_err(|_| self.too_large(v))
+        }
+
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<i64, E> {
+            Err(E::custom(format!(
+                "{} is {v}, but it must be a whole number between {} and {}",
+                self.field, self.min, self.max
+            )))
+        }
+    }
+
+    const TIME_SLICING_REPLICAS: Count = Count {
+        field: "timeSlicing.replicas",
+        min: super::MIN_TIME_SLICING_REPLICAS,
+        max: super::MAX_TIME_SLICING_REPLICAS,
+    };
+    const MPS_REPLICAS: Count = Count {
+        field: "mps.replicas",
+        min: 2,
+        max: super::MAX_MPS_REPLICAS,
+    };
+    const ACTIVE_THREAD_PERCENTAGE: Count = Count {
+        field: "mps.activeThreadPercentage",
+        min: 1,
+        max: 100,
+    };
+    const MIG_COUNT: Count = Count {
+        field: "the MIG count",
+        min: 1,
+        max: super::MAX_MIG_COUNT,
+    };
+
+    pub fn time_slicing_replicas<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+        d.deserialize_any(&TIME_SLICING_REPLICAS)
+    }
+
+    pub fn mps_replicas<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+        d.deserialize_any(&MPS_REPLICAS)
+    }
+
+    pub fn active_thread_percentage<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<i64>, D::Error> {
+        d.deserialize_option(Optional(&ACTIVE_THREAD_PERCENTAGE))
+    }
+
+    pub fn mig<'de, D: Deserializer<'de>>(d: D) -> Result<Option<BTreeMap<String, i64>>, D::Error> {
+        d.deserialize_option(Optional(MigVisitor))
+    }
+
+    /// `null` is `None`, as for any optional field; anything else goes to the inner visitor.
+    struct Optional<V>(V);
+
+    impl<'de, V: Visitor<'de>> Visitor<'de> for Optional<V> {
+        type Value = Option<V::Value>;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            self.0.expecting(f)
+        }
+
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(self.0).map(Some)
+        }
+    }
+
+    struct MigVisitor;
+
+    /// One count of `{profile: count}`; serde_yaml's error path names the profile.
+    struct MigCount;
+
+    impl<'de> de::DeserializeSeed<'de> for MigCount {
+        type Value = i64;
+
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<i64, D::Error> {
+            d.deserialize_any(&MIG_COUNT)
+        }
+    }
+
+    impl<'de> Visitor<'de> for MigVisitor {
+        type Value = BTreeMap<String, i64>;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("MIG profile: count pairs such as {1g.10gb: 7}")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(name) = map.next_key::<String>()? {
+                let count = map.next_value_seed(MigCount)?;
+                if out.insert(name.clone(), count).is_some() {
+                    return Err(de::Error::custom(format!("mig lists {name} twice")));
+                }
+            }
+            Ok(out)
+        }
+    }
+
+    pub fn mig_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "object",
+            "additionalProperties": {"type": "integer", "minimum": 1, "maximum": super::MAX_MIG_COUNT}
+        })
+    }
+}
+
 impl JsonSchema for DeviceSelector {
     fn schema_name() -> std::borrow::Cow<'static, str> {
         "DeviceSelector".into()
@@ -314,8 +540,8 @@ impl JsonSchema for DeviceSelector {
             "description": "Which GPUs a rule selects: `all`, a list of NVML indices (numbers or ranges such as \"4-7\"), or a product-name glob.",
             "oneOf": [
                 {"const": "all"},
-                {"type": "array", "minItems": 1, "items": {"oneOf": [
-                    {"type": "integer", "minimum": 0},
+                {"type": "array", "minItems": 1, "maxItems": MAX_GPU_INDEX + 1, "items": {"oneOf": [
+                    {"type": "integer", "minimum": 0, "maximum": MAX_GPU_INDEX},
                     {"type": "string", "pattern": "^[0-9]+(-[0-9]+)?$"}
                 ]}},
                 {"type": "object", "additionalProperties": false, "required": ["product"],

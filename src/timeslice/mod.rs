@@ -6,12 +6,19 @@ use crate::profile::{MigStrategy, TimeSlicing};
 use crate::sharing::PlannedMode;
 pub use crate::sharing::GPU_RESOURCE;
 
-/// The NVIDIA device plugin refuses `replicas < 2` ("number of replicas must be >= 2"); one
-/// replica is not sharing, so a profile says `exclusive: true` instead.
-pub const MIN_REPLICAS: i64 = 2;
+/// The replica bounds are part of the profile format (its schema states them); this mode checks them.
+pub use crate::profile::{
+    MAX_TIME_SLICING_REPLICAS as MAX_REPLICAS, MIN_TIME_SLICING_REPLICAS as MIN_REPLICAS,
+};
 
 /// Problems with a `timeSlicing` block, as sentences.
 pub fn validate(ts: &TimeSlicing) -> Vec<String> {
+    if ts.replicas > MAX_REPLICAS {
+        return vec![format!(
+            "timeSlicing.replicas is {}, but it must be between {MIN_REPLICAS} and {MAX_REPLICAS}: each replica is one device listed to the kubelet, and a node runs at most 110 pods by default",
+            ts.replicas
+        )];
+    }
     if ts.replicas < MIN_REPLICAS {
         let hint = if ts.replicas == 1 {
             " (one replica is not sharing: use `exclusive: true`)"
@@ -66,5 +73,22 @@ mod tests {
         }
         assert!(validate(&TimeSlicing { replicas: 1 })[0].contains("exclusive: true"));
         assert!(validate(&TimeSlicing { replicas: 2 }).is_empty());
+    }
+
+    #[test]
+    fn replicas_above_the_cap_are_refused() {
+        assert!(validate(&TimeSlicing {
+            replicas: MAX_REPLICAS
+        })
+        .is_empty());
+        let p = validate(&TimeSlicing {
+            replicas: 1_000_000_000,
+        });
+        assert_eq!(p.len(), 1);
+        assert!(
+            p[0].contains("is 1000000000, but it must be between 2 and 1024"),
+            "{}",
+            p[0]
+        );
     }
 }
