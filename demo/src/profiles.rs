@@ -36,7 +36,7 @@ rules:
     mig: {3g.40gb: 1, 1g.10gb: 4}
 ";
 
-/// Eight 1g.10gb instances on every H100 do not fit (seven slices) (seven slices): the agent must refuse it before
+/// Eight 1g.10gb instances on every H100 do not fit (seven slices): the agent must refuse it before
 /// touching any GPU.
 pub const BROKEN: &str = "\
 version: v1
