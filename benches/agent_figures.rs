@@ -256,7 +256,10 @@ fn fsync_cost() {
     println!("\nconfig write, {rounds} each, {}:\n", dir.path().display());
     println!("| stage | n | p50 | p90 | p99 | min | max |");
     println!("|---|---|---|---|---|---|---|");
-    stage_summary("atomic write with fsync of file and directory (the agent's)", durable);
+    stage_summary(
+        "atomic write with fsync of file and directory (the agent's)",
+        durable,
+    );
     stage_summary("the same write and rename without the fsyncs", unsynced);
 }
 

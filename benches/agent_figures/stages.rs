@@ -132,7 +132,11 @@ pub struct Change {
 }
 
 /// The stages reported, each as (row name, from, to).
-pub type Stage = (&'static str, fn(&Change) -> SystemTime, fn(&Change) -> SystemTime);
+pub type Stage = (
+    &'static str,
+    fn(&Change) -> SystemTime,
+    fn(&Change) -> SystemTime,
+);
 
 pub const STAGES: [Stage; 7] = [
     (
