@@ -22,7 +22,7 @@ pub fn resident_by_mapping(pid: u32) -> Vec<(String, u64)> {
         }
     }
     let mut rows: Vec<(String, u64)> = totals.into_iter().filter(|(_, kb)| *kb > 0).collect();
-    rows.sort_by(|a, b| b.1.cmp(&a.1));
+    rows.sort_by_key(|row| std::cmp::Reverse(row.1));
     rows
 }
 
