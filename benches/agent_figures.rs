@@ -299,7 +299,7 @@ fn memory() {
     let reconciles = env_count("GPU_SHARE_BENCH_RECONCILES", 1000);
     println!("\n## agent memory (8 simulated H100s, time-slicing profiles)\n");
     idle_by_setup();
-    println!("\nthe agent as shipped (current-thread runtime, 2 malloc arenas):\n");
+    println!("\nthe agent as shipped (current-thread runtime, glibc's default arenas):\n");
     println!("| NVML library | when | VmRSS | VmHWM |");
     println!("|---|---|---|---|");
     // The agent keeps one NVML session for its lifetime (gpu::SharedGpus). Before it did, it
@@ -319,14 +319,14 @@ const IDLE: Duration = Duration::from_secs(12);
 fn idle_by_setup() {
     let setups: [(&str, &[(&str, &str)]); 4] = [
         (
-            "multi-thread, 2 workers; glibc's default arenas (16)",
-            &[("GPU_SHARE_AGENT_WORKERS", "2"), ("MALLOC_ARENA_MAX", "16")],
+            "multi-thread, 2 workers (before issue 18); glibc's default arenas (16)",
+            &[("GPU_SHARE_AGENT_WORKERS", "2")],
         ),
         (
-            "current-thread; glibc's default arenas (16)",
-            &[("MALLOC_ARENA_MAX", "16")],
+            "current-thread (the agent's default); glibc's default arenas (16)",
+            &[],
         ),
-        ("current-thread; 2 arenas (the agent's default)", &[]),
+        ("current-thread; 2 arenas", &[("MALLOC_ARENA_MAX", "2")]),
         ("current-thread; 1 arena", &[("MALLOC_ARENA_MAX", "1")]),
     ];
     println!("idle, {} s after one profile applied:\n", IDLE.as_secs());

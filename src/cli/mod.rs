@@ -311,7 +311,6 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Apply(args) => run_apply(&args),
         Command::Agent(args) => {
-            crate::agent::limit_malloc_arenas();
             crate::agent::runtime()?.block_on(crate::agent::run(*args))?;
             Ok(ExitCode::SUCCESS)
         }
