@@ -2,12 +2,15 @@
 //! profile's build, i.e. release, which `cargo bench` builds next to this harness) against the
 //! Kubernetes API double (tests/kube-double) and the fake `libnvidia-ml.so` (tests/fake-nvml).
 //!
-//! - `latency`: node label change → device-plugin config written, p50/p99, over 100 changes
-//!   between two profiles that differ only in time-slicing replicas (no MIG change, no drain),
-//!   and over 10 changes between two MIG profiles (drain slot, cordon, the kubelet's
-//!   PodResources `List`, MIG steps, uncordon), then the same without a PodResources API.
-//! - `memory`: the agent's VmRSS/VmHWM idle, and after 1,000 reconciles (label changes, each
-//!   waited for until its success is published).
+//! - `latency`: node label change → device-plugin config written, stage by stage (watch event
+//!   at the harness's own raw watch, reconcile start, config written, success published;
+//!   `agent_figures/stages.rs`) over 100 changes between two profiles that differ only in
+//!   time-slicing replicas (no MIG change, no drain); p50/p99 over 10 changes between two MIG
+//!   profiles (drain slot, cordon, the kubelet's PodResources `List`, MIG steps, uncordon),
+//!   then the same without a PodResources API; the cost of the config write's fsyncs.
+//! - `memory`: the agent's idle VmRSS under each runtime and malloc-arena setup, then VmRSS/VmHWM
+//!   idle and after 1,000 reconciles (label changes, each waited for until its success is
+//!   published), and the idle resident memory by mapping (`agent_figures/memory_map.rs`).
 //! - `transitions`: the transition suite (every ordered pair of the H100 example profiles on 8
 //!   simulated H100s) with a workload on every GPU instance and on every whole GPU: instances
 //!   destroyed and pods evicted per transition, against a destroy-everything /
