@@ -2,12 +2,15 @@
 //! profile's build, i.e. release, which `cargo bench` builds next to this harness) against the
 //! Kubernetes API double (tests/kube-double) and the fake `libnvidia-ml.so` (tests/fake-nvml).
 //!
-//! - `latency`: node label change → device-plugin config written, p50/p99, over 100 changes
-//!   between two profiles that differ only in time-slicing replicas (no MIG change, no drain),
-//!   and over 10 changes between two MIG profiles (drain slot, cordon, the kubelet's
-//!   PodResources `List`, MIG steps, uncordon), then the same without a PodResources API.
-//! - `memory`: the agent's VmRSS/VmHWM idle, and after 1,000 reconciles (label changes, each
-//!   waited for until its success is published).
+//! - `latency`: node label change → device-plugin config written, stage by stage (watch event
+//!   at the harness's own raw watch, reconcile start, config written, success published;
+//!   `agent_figures/stages.rs`) over 100 changes between two profiles that differ only in
+//!   time-slicing replicas (no MIG change, no drain); p50/p99 over 10 changes between two MIG
+//!   profiles (drain slot, cordon, the kubelet's PodResources `List`, MIG steps, uncordon),
+//!   then the same without a PodResources API; the cost of the config write's fsyncs.
+//! - `memory`: the agent's idle VmRSS under each runtime and malloc-arena setup, then VmRSS/VmHWM
+//!   idle and after 1,000 reconciles (label changes, each waited for until its success is
+//!   published), and the idle resident memory by mapping (`agent_figures/memory_map.rs`).
 //! - `transitions`: the transition suite (every ordered pair of the H100 example profiles on 8
 //!   simulated H100s) with a workload on every GPU instance and on every whole GPU: instances
 //!   destroyed and pods evicted per transition, against a destroy-everything /
@@ -18,10 +21,16 @@
 //! (10), `GPU_SHARE_BENCH_RECONCILES` (1000). See benches/README.md.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use kube_double::KubeDouble;
 use node_sim::*;
+
+#[path = "agent_figures/memory_map.rs"]
+mod memory_map;
+#[path = "agent_figures/stages.rs"]
+mod stages;
+use stages::{between, Change, NodeEvents, STAGES};
 
 /// Two profiles that differ only in time-slicing replicas: switching needs no MIG change.
 fn time_slicing(replicas: u32) -> String {
@@ -106,20 +115,19 @@ fn latency() {
         &[(TS[0], texts[0].clone()), (TS[1], texts[1].clone())],
     );
 
-    // Time-slicing only, 8 H100s with MIG off.
+    // Time-slicing only, 8 H100s with MIG off, timed stage by stage (stages.rs).
     let mut node = AgentNode::new(&api, "bench-ts", h100s(8, false));
     api.set_node_label(&node.name, PROFILE_LABEL, Some(TS[0]));
     node.start_agent(&["--resync-secs", "300"], &[]);
     wait_applied_text(&api, &node, &texts[0], Duration::from_secs(60), TS[0]);
-    let (mut written, mut done) = (Vec::new(), Vec::new());
-    for i in 0..changes {
-        let k = (i + 1) % 2;
-        let (w, d) = change(&api, &node, TS[k], &texts[k], Duration::from_secs(30));
-        written.push(w);
-        done.push(d);
-    }
+    let mut events = NodeEvents::start(&api, &node.name);
+    let ts_changes: Vec<Change> = (0..changes)
+        .map(|i| {
+            let k = (i + 1) % 2;
+            staged_change(&api, &node, &mut events, TS[k], &texts[k])
+        })
+        .collect();
     node.kill_agent();
-
     // MIG changes: h100-balanced ↔ h100-inference on 8 H100s (no pods to evict), first with
     // the kubelet's PodResources API answering, as on a real node (each drain asks it who holds
     // the devices), then without it (the drain goes on with NVML's processes alone).
@@ -127,10 +135,16 @@ fn latency() {
     let (bare_written, bare_done) = mig_latency(&api, "bench-mig-bare", mig_changes, false);
 
     println!("\n## label change → device-plugin config written (8 simulated H100s)\n");
+    println!("time-slicing 4 ↔ 8 replicas (no MIG change, no drain), {changes} changes:\n");
+    println!("| stage | n | p50 | p90 | p99 | min | max |");
+    println!("|---|---|---|---|---|---|---|");
+    for (name, from, to) in STAGES {
+        let samples = ts_changes.iter().map(|c| between(from(c), to(c))).collect();
+        stage_summary(name, samples);
+    }
+    println!("\nMIG changes (drain slot, cordon, MIG steps, uncordon), label set → …:\n");
     println!("| change | n | p50 | p99 | min | max |");
     println!("|---|---|---|---|---|---|");
-    summary("time-slicing 4 ↔ 8 replicas: config written", written);
-    summary("time-slicing 4 ↔ 8 replicas: success published", done);
     summary(
         "h100-balanced ↔ h100-inference (MIG): config written",
         mig_written,
@@ -147,6 +161,109 @@ fn latency() {
         "the same without a PodResources API: success published",
         bare_done,
     );
+}
+
+/// Change the node's label to `key` and take the timestamps of every stage (stages.rs).
+fn staged_change(
+    api: &KubeDouble,
+    node: &AgentNode,
+    events: &mut NodeEvents,
+    key: &str,
+    text: &str,
+) -> Change {
+    let timeout = Duration::from_secs(30);
+    let config = node.plugin_config();
+    let before = std::fs::read(&config).unwrap_or_default();
+    let hash = sha256(text);
+    let label_set = SystemTime::now();
+    api.set_node_label(&node.name, PROFILE_LABEL, Some(key));
+    let written = stages::wait_rewritten(&config, &before, timeout)
+        .unwrap_or_else(|| panic!("{key}: config not written\n{}", node.log()));
+    events.collect();
+    let event = events
+        .first(timeout, |s| s.profile.as_deref() == Some(key))
+        .unwrap_or_else(|| panic!("{key}: no watch event for the label"))
+        .at;
+    let success = events
+        .first(timeout, |s| {
+            s.state.as_deref() == Some("success") && s.hash.as_deref() == Some(hash.as_str())
+        })
+        .unwrap_or_else(|| panic!("{key}: success not published\n{}", node.log()))
+        .at;
+    let reconcile = stages::last_logged(&node.log(), "reconciling")
+        .unwrap_or_else(|| panic!("{key}: no `reconciling` line\n{}", node.log()));
+    // The agent's clock and ours are the same clock: a reconcile logged outside the change's
+    // window means the log was misread.
+    assert!(
+        reconcile >= label_set && reconcile <= success,
+        "{key}: reconcile start {reconcile:?} outside {label_set:?}..{success:?}"
+    );
+    Change {
+        label_set,
+        event,
+        reconcile,
+        written,
+        success,
+    }
+}
+
+fn us_or_ms(us: i64) -> String {
+    if us.abs() < 1000 {
+        format!("{us} µs")
+    } else {
+        format!("{:.1} ms", us as f64 / 1000.0)
+    }
+}
+
+/// One row of signed µs samples: n, p50, p90, p99 (nearest rank), min, max.
+fn stage_summary(name: &str, mut samples: Vec<i64>) {
+    samples.sort();
+    let rank = |p: f64| {
+        let r = ((p / 100.0) * samples.len() as f64).ceil() as usize;
+        samples[r.clamp(1, samples.len()) - 1]
+    };
+    println!(
+        "| {name} | {} | {} | {} | {} | {} | {} |",
+        samples.len(),
+        us_or_ms(rank(50.0)),
+        us_or_ms(rank(90.0)),
+        us_or_ms(rank(99.0)),
+        us_or_ms(samples[0]),
+        us_or_ms(*samples.last().unwrap()),
+    );
+}
+
+/// What the durability of the config write costs: the agent's atomic write (temp file, fsync,
+/// rename, fsync of the directory) against the same write and rename without the two fsyncs,
+/// in the plugin config's directory, alternating the two time-slicing configs.
+fn fsync_cost() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    let texts = ts_texts();
+    let rounds = 200;
+    let mut durable = Vec::new();
+    let mut unsynced = Vec::new();
+    for i in 0..rounds {
+        let text = &texts[i % 2];
+        let t0 = Instant::now();
+        assert!(gpu_share::device_plugin::write_if_changed(&path, text).unwrap());
+        durable.push(t0.elapsed().as_micros() as i64);
+        // Different bytes again, so the next durable write has something to write.
+        let other = format!("{text}# unsynced\n");
+        let t0 = Instant::now();
+        let tmp = dir.path().join("config.yaml.tmp");
+        std::fs::write(&tmp, other).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        unsynced.push(t0.elapsed().as_micros() as i64);
+    }
+    println!("\nconfig write, {rounds} each, {}:\n", dir.path().display());
+    println!("| stage | n | p50 | p90 | p99 | min | max |");
+    println!("|---|---|---|---|---|---|---|");
+    stage_summary(
+        "atomic write with fsync of file and directory (the agent's)",
+        durable,
+    );
+    stage_summary("the same write and rename without the fsyncs", unsynced);
 }
 
 /// `changes` label changes between h100-balanced and h100-inference on a new node `name`:
@@ -184,12 +301,64 @@ fn mig_latency(
 fn memory() {
     let reconciles = env_count("GPU_SHARE_BENCH_RECONCILES", 1000);
     println!("\n## agent memory (8 simulated H100s, time-slicing profiles)\n");
+    idle_by_setup();
+    println!("\nthe agent as shipped (current-thread runtime, glibc's default arenas):\n");
     println!("| NVML library | when | VmRSS | VmHWM |");
     println!("|---|---|---|---|");
     // The agent keeps one NVML session for its lifetime (gpu::SharedGpus). Before it did, it
     // loaded and unloaded the library on every reconcile, and lost 60.6 kB each time with the
     // fake library (benches/README.md).
     memory_run(reconciles, "one session for the agent's lifetime");
+}
+
+/// How long the agent is left idle before its memory is read: past tokio's 10 s keep-alive of
+/// idle blocking-pool threads, so the threads of the start-up apply are gone, as on a node.
+const IDLE: Duration = Duration::from_secs(12);
+
+/// Idle VmRSS of the same build under each runtime and malloc setup, each a new agent that
+/// applied one profile and then sat idle for [`IDLE`]. `GPU_SHARE_AGENT_WORKERS` picks a
+/// multi-thread runtime (the agent's runtime until issue 18: a worker per core, 2 here);
+/// `MALLOC_ARENA_MAX` is glibc's own (its default is 8 per core: 16 here).
+fn idle_by_setup() {
+    let setups: [(&str, &[(&str, &str)]); 4] = [
+        (
+            "multi-thread, 2 workers (before issue 18); glibc's default arenas (16)",
+            &[("GPU_SHARE_AGENT_WORKERS", "2")],
+        ),
+        (
+            "current-thread (the agent's default); glibc's default arenas (16)",
+            &[],
+        ),
+        ("current-thread; 2 arenas", &[("MALLOC_ARENA_MAX", "2")]),
+        ("current-thread; 1 arena", &[("MALLOC_ARENA_MAX", "1")]),
+    ];
+    println!("idle, {} s after one profile applied:\n", IDLE.as_secs());
+    println!("| runtime; malloc arenas | VmRSS | RssAnon | RssFile | threads |");
+    println!("|---|---|---|---|---|");
+    for (what, env) in setups {
+        let api = Arc::new(KubeDouble::start());
+        let texts = ts_texts();
+        profiles_configmap(&api, &[], &[(TS[0], texts[0].clone())]);
+        let mut node = AgentNode::new(&api, "bench-idle", h100s(8, false));
+        api.set_node_label(&node.name, PROFILE_LABEL, Some(TS[0]));
+        let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.to_string())).collect();
+        node.start_agent(&["--resync-secs", "300"], &env);
+        wait_applied_text(&api, &node, &texts[0], Duration::from_secs(60), TS[0]);
+        std::thread::sleep(IDLE);
+        let (rss, _) = node.agent_memory_kb();
+        let (anon, file, threads) = memory_map::status_fields(node.agent_pid());
+        node.kill_agent();
+        println!(
+            "| {what} | {} | {} | {} | {threads} |",
+            mib(rss),
+            mib(anon),
+            mib(file)
+        );
+    }
+}
+
+fn mib(kb: u64) -> String {
+    format!("{:.1} MiB", kb as f64 / 1024.0)
 }
 
 fn memory_run(reconciles: usize, what: &str) {
@@ -206,8 +375,10 @@ fn memory_run(reconciles: usize, what: &str) {
     api.set_node_label(&node.name, PROFILE_LABEL, Some(TS[0]));
     node.start_agent(&["--resync-secs", "300", "--listen", &listen], &[]);
     wait_applied_text(&api, &node, &texts[0], Duration::from_secs(60), TS[0]);
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(IDLE);
     let (idle_rss, idle_hwm) = node.agent_memory_kb();
+    let idle_map = memory_map::resident_by_mapping(node.agent_pid());
+    let (anon, file, threads) = memory_map::status_fields(node.agent_pid());
 
     let started = Instant::now();
     let mut trace = Vec::new();
@@ -226,7 +397,6 @@ fn memory_run(reconciles: usize, what: &str) {
     node.kill_agent();
     eprintln!("VmRSS, NVML {what}: {}", trace.join(", "));
 
-    let mib = |kb: u64| format!("{:.1} MiB", kb as f64 / 1024.0);
     println!(
         "| {what} | idle, profile applied | {} | {} |",
         mib(idle_rss),
@@ -243,6 +413,16 @@ fn memory_run(reconciles: usize, what: &str) {
         "| {what} | growth per reconcile | {:.1} kB | |",
         (rss as f64 - idle_rss as f64) / reconciles.max(1) as f64
     );
+    println!(
+        "\nidle: RssAnon {}, RssFile {}, {threads} threads; resident by mapping (/proc/<pid>/smaps):\n",
+        mib(anon),
+        mib(file)
+    );
+    println!("| mapping | resident |");
+    println!("|---|---|");
+    for (kind, kb) in idle_map {
+        println!("| {kind} | {} |", mib(kb));
+    }
 }
 
 struct Row {
@@ -386,6 +566,7 @@ fn main() {
     println!("agent: {}", gpu_share_bin().display());
     if want("latency") {
         latency();
+        fsync_cost();
     }
     if want("memory") {
         memory();

@@ -413,3 +413,115 @@ fn a_configmap_key_over_1_mib_fails_unparsed_and_changes_nothing() {
     );
     assert!(!unschedulable(&api, "gpu-9"));
 }
+
+/// A profile that time-slices every GPU `replicas` ways: two of them differ by no MIG step.
+fn time_sliced(replicas: u32) -> String {
+    format!(
+        "version: v1\ndescription: every GPU time-sliced {replicas} ways\nrules:\n  - devices: all\n    timeSlicing: {{replicas: {replicas}}}\n"
+    )
+}
+
+/// A node of `gpus` whose agent applied `ts-4` (ConfigMap keys `ts-4`, `ts-8`), with `extra`
+/// flags; resyncs are 300 s apart, so only label changes reconcile.
+fn time_sliced_node(api: &Arc<KubeDouble>, name: &str, gpus: usize, extra: &[&str]) -> AgentNode {
+    profiles_configmap(
+        api,
+        &[],
+        &[("ts-4", time_sliced(4)), ("ts-8", time_sliced(8))],
+    );
+    let mut node = AgentNode::new(api, name, h100s(gpus, false));
+    api.set_node_label(name, PROFILE_LABEL, Some("ts-4"));
+    let mut flags = vec!["--resync-secs", "300"];
+    flags.extend_from_slice(extra);
+    node.start_agent(&flags, &[]);
+    wait_applied_text(api, &node, &time_sliced(4), Duration::from_secs(20), "ts-4");
+    node
+}
+
+#[test]
+fn a_change_without_mig_writes_the_plugin_config_before_any_node_write() {
+    // Issue 18: the config is what the user waits for when nothing is disrupted; the state
+    // writes come after it. The next Node PATCH hangs until the 12 s API timeout: before the
+    // fix the `applying` write was awaited first, so the config came only after that timeout.
+    let api = Arc::new(KubeDouble::start());
+    let node = time_sliced_node(&api, "gpu-no-wait", 2, &["--api-timeout-secs", "12"]);
+    let config = node.plugin_config();
+    let before = std::fs::read(&config).unwrap();
+    api.fail_next(Verb::Patch, "nodes", 1, Fault::Hang);
+    api.set_node_label(&node.name, PROFILE_LABEL, Some("ts-8"));
+    let written = poll(Duration::from_secs(8), Duration::from_millis(5), || {
+        std::fs::read(&config).is_ok_and(|now| now != before)
+    });
+    assert!(
+        written,
+        "config not written while a Node write hangs\n{}",
+        node.log()
+    );
+    assert!(std::fs::read_to_string(&config)
+        .unwrap()
+        .contains("replicas: 8"));
+    // Nothing claimed ahead of the write: the node still shows ts-4 applied (the hung PATCH
+    // is this change's `success`, which comes only after the write).
+    assert_eq!(
+        annotation(&api, &node.name, APPLIED_HASH),
+        Some(sha256(&time_sliced(4)))
+    );
+    // The lost `success` fails the reconcile (ApiError) and the retry publishes it.
+    wait_applied_text(
+        &api,
+        &node,
+        &time_sliced(8),
+        Duration::from_secs(40),
+        "ts-8",
+    );
+    assert!(
+        api.events()
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("ApiError")
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains("could not publish state success"))),
+        "the hung success write was not reported: {:?}",
+        api.events()
+            .iter()
+            .map(|e| e.note.clone())
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn gpus_changed_behind_the_agents_back_are_read_again_before_success() {
+    // A change without MIG steps is planned against the GPUs as the agent last read them
+    // (issue 18); a fresh read confirms it before `success`. An administrator enables MIG by
+    // hand (`nvidia-smi -mig 1`; H100s need no reset, shared/reference/mig-nvml.md) after
+    // that last read: the time-slicing profile needs it off again, so the agent must notice.
+    let api = Arc::new(KubeDouble::start());
+    let node = time_sliced_node(&api, "gpu-drift", 1, &[]);
+    let mut state = node.nvml();
+    state.gpus[0].mig = Some(nvidia_ml::state::MigMode {
+        current: true,
+        pending: true,
+    });
+    state.write_to(node.nvml_state()).unwrap();
+
+    api.set_node_label(&node.name, PROFILE_LABEL, Some("ts-8"));
+    wait_applied_text(
+        &api,
+        &node,
+        &time_sliced(8),
+        Duration::from_secs(30),
+        "ts-8",
+    );
+    let mig = node.nvml().gpus[0].mig.unwrap();
+    assert!(
+        !mig.current,
+        "success published with MIG still on\n{}",
+        node.log()
+    );
+    assert!(
+        node.log()
+            .contains("the GPUs changed since they were last read"),
+        "{}",
+        node.log()
+    );
+}

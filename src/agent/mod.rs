@@ -212,6 +212,31 @@ impl AgentArgs {
     }
 }
 
+/// The agent's tokio runtime: one thread for all of its async work (the two watches, the
+/// reconcile loop, the HTTP endpoints, lease renewals), which waits on the network nearly all
+/// the time; NVML, file and process work goes to tokio's blocking pool, whose threads end after
+/// 10 s idle. A multi-thread runtime adds a worker per core (2 on a 2-core node, 64 on a large
+/// one), each with its stack and, under glibc, its malloc arena: resident memory for nothing
+/// (benches/README.md, "Agent memory"). `GPU_SHARE_AGENT_WORKERS=N` (N ≥ 1) asks for a
+/// multi-thread runtime of N workers instead. glibc's arena cap is left alone: with one
+/// runtime thread, 16, 2 or 1 arenas measured the same idle RSS (`MALLOC_ARENA_MAX` still
+/// applies).
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let workers = std::env::var("GPU_SHARE_AGENT_WORKERS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| *n > 0);
+    let mut builder = match workers {
+        Some(n) => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(n);
+            builder
+        }
+        None => tokio::runtime::Builder::new_current_thread(),
+    };
+    builder.enable_all().build()
+}
+
 /// Run until SIGTERM/SIGINT.
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let config = kube::Config::infer()
@@ -303,6 +328,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             .map(|c| c.split_whitespace().map(str::to_string).collect())
             .unwrap_or_default(),
         cdi_refresh_owed: true.into(),
+        inventory: Default::default(),
     };
     let doctor_ok = start_up_checks(&args, &reconciler).await;
     release_forgotten_slot(&reconciler).await;
@@ -487,19 +513,23 @@ async fn reconcile_loop(
     let mut retry = Duration::from_secs(5);
     let mut next_run = tokio::time::Instant::now();
     loop {
-        let want = {
-            let node = node_rx.borrow_and_update().clone().expect("synced");
-            let cm = cm_rx.borrow_and_update().clone().expect("synced");
-            desired(&node, cm.as_ref())
-        };
+        // Read in place: our own state patches wake this loop too, and most wakes change nothing.
+        let want = desired(
+            node_rx.borrow_and_update().as_ref().expect("synced"),
+            cm_rx.borrow_and_update().as_ref().expect("synced").as_ref(),
+        );
         let changed = last.as_ref() != Some(&want);
         if changed || tokio::time::Instant::now() >= next_run {
-            if changed {
+            // Only a changed desire (or the retry/resync timer) reconciles. A change is acted
+            // on at once, with the Node the watch just delivered; the timer reads afresh.
+            let outcome = if changed {
                 info!(?want, "reconciling");
-            }
-            // Our own state patches also wake the node watch; only a changed desire (or the
-            // retry/resync timer) reconciles.
-            next_run = match reconciler.reconcile(&want).await {
+                let seen = node_rx.borrow().clone().expect("synced");
+                reconciler.reconcile_seen(&want, Some(&seen)).await
+            } else {
+                reconciler.reconcile(&want).await
+            };
+            next_run = match outcome {
                 Outcome::Failed { .. } => {
                     let at = tokio::time::Instant::now() + retry;
                     retry = (retry * 2).min(Duration::from_secs(300));

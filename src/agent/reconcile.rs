@@ -3,7 +3,11 @@
 //! profile → observe → plan (pure) → if the MIG layout changes: `pending`, a fleet drain slot,
 //! cordon (remembering that we did), `draining` (only the pods on the instances that change),
 //! `applying` (MIG, MPS, plugin config, verify), uncordon, `success`. A plan without MIG change
-//! goes straight to applying, without cordon or eviction. Any failure: `failed` with the reason,
+//! is applied at once, without cordon, eviction or a Node write first (the plugin config is what
+//! the user waits for), then `success`; `applying` is published only if it runs past 20 ms
+//! (MPS daemons starting). Such a change the watch brought is planned against the Node the
+//! watch delivered and the GPUs as last read, confirmed by a fresh NVML read before `success`
+//! (see `plan_inventory`). Any failure: `failed` with the reason,
 //! an Event, the node uncordoned if we cordoned it, and nothing changed on the GPUs when the
 //! profile or geometry is invalid. A reconcile without a MIG change also lifts a cordon of ours
 //! left behind; a Node write (state, uncordon) that fails fails the reconcile with `ApiError`
@@ -26,15 +30,20 @@ use super::lease::{DrainSlot, DrainSlots};
 use super::metrics::Metrics;
 use super::node::{self, State};
 use super::pods::{disturbed_devices, disturbed_processes};
-use crate::apply::{apply, check_state_dir, ApplyError, ApplyOptions};
+use crate::apply::{apply_with_inventory, check_state_dir, ApplyError, ApplyOptions};
 use crate::builtin_plugin::{Inventory, PluginManager};
 use crate::gpu::{Gpus, SharedGpus};
 use crate::kubelet::pod_resources::holders_of;
-use crate::plan::{plan_for, steps, ObservedNode};
+use crate::plan::{plan_for, steps, ObservedNode, Step};
 use crate::profile::{parse_profile, Problem, Profile};
 
 /// How long the kubelet's PodResources `List` may take before the drain goes on without it.
 const KUBELET_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An apply without MIG steps that takes longer than this (MPS daemons starting, a compute-mode
+/// change) is announced as `applying` while it runs. A plugin-config rewrite takes well under a
+/// millisecond: it goes straight to `success`, so the user's wait is not a Node write longer.
+const APPLYING_AFTER: Duration = Duration::from_millis(20);
 
 /// What the labels and the ConfigMap ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +94,9 @@ pub struct Reconciler {
     /// Set at start and by each MIG change, cleared when the CDI refresh command succeeds: a
     /// failed refresh is retried by the next reconcile.
     pub cdi_refresh_owed: std::sync::atomic::AtomicBool,
+    /// The GPUs as last read from NVML, kept while nothing but plugin-config and MPS work was
+    /// done since: see [`Reconciler::plan_inventory`] for when it may stand in for a read.
+    pub inventory: Mutex<Option<ObservedNode>>,
 }
 
 /// How a reconcile ended.
@@ -105,8 +117,18 @@ impl Reconciler {
         Api::all(self.client.clone())
     }
 
-    /// Reconcile towards `desired`; never returns an error, only an outcome it has published.
+    /// Reconcile towards `desired`, reading the Node and the GPUs afresh (a resync, a retry);
+    /// never returns an error, only an outcome it has published.
     pub async fn reconcile(&self, desired: &Desired) -> Outcome {
+        self.reconcile_seen(desired, None).await
+    }
+
+    /// Reconcile towards `desired` right after the watch brought a change, with `seen`, the
+    /// Node as the watch last delivered it. It stands in for a GET: the watch delivers the
+    /// Node's versions in order and the change that woke us is the newest, so it already
+    /// holds this agent's own earlier writes. The GPUs' last inventory may stand in for NVML
+    /// reads when no MIG step follows ([`Self::plan_inventory`]).
+    pub async fn reconcile_seen(&self, desired: &Desired, seen: Option<&Node>) -> Outcome {
         let started = Instant::now();
         self.node_write_failures
             .lock()
@@ -123,7 +145,7 @@ impl Reconciler {
                     self.configmap
                 ),
             },
-            Desired::Profile { key, text } => self.make_match(key, text).await,
+            Desired::Profile { key, text } => self.make_match(key, text, seen).await,
         };
         if !matches!(outcome, Outcome::Failed { .. }) {
             if let Some(failed) = self.failed_node_writes() {
@@ -131,6 +153,8 @@ impl Reconciler {
             }
         }
         if let Outcome::Failed { reason, message } = &outcome {
+            // Whatever failed may have left the GPUs other than last read.
+            self.forget_inventory();
             self.fail(reason, message).await;
         }
         let result = match &outcome {
@@ -155,43 +179,52 @@ impl Reconciler {
         Outcome::Noop
     }
 
-    async fn make_match(&self, key: &str, text: &str) -> Outcome {
+    async fn make_match(&self, key: &str, text: &str, seen: Option<&Node>) -> Outcome {
         let hash = content_hash(text);
         let profile = match parse_profile(key, text) {
             Ok(p) => p,
             Err(problem) => return invalid(&[problem]),
         };
-        let observed = match self.observe().await {
-            Ok(o) => o,
-            Err(e) => return failed("GpuError", e),
+        let (observed, todo, from_memory) = match self.plan_inventory(key, &profile, seen).await {
+            Ok(planned) => planned,
+            Err(outcome) => return outcome,
         };
-        let node_plan = match plan_for(key, &profile, &observed, self.apply.plugin) {
-            Ok(p) => p,
-            Err(problems) => return invalid(&problems),
+        let fetched;
+        let current = match seen {
+            Some(node) => Some(node),
+            None => {
+                fetched = self.nodes().get(&self.node_name).await.ok();
+                fetched.as_ref()
+            }
         };
-        let todo = steps(&node_plan, &observed);
-        let current = self.nodes().get(&self.node_name).await.ok();
-        let published = current.as_ref().is_some_and(|n| {
+        let published = current.is_some_and(|n| {
             node::label(n, node::STATE_LABEL) == Some(State::Success.as_str())
                 && node::annotation(n, node::APPLIED_HASH_ANNOTATION) == Some(hash.as_str())
         });
         let mig_change = !todo.is_empty();
         let outcome = if mig_change {
+            // The MIG steps change the layout: the next plan reads the GPUs again.
+            self.forget_inventory();
             self.reconfigure(key, &profile, &hash, &observed, &todo)
                 .await
         } else {
-            if !published {
-                self.publish(State::Applying, &format!("applying profile {key}"), None)
-                    .await;
-            }
-            let applied = self.run_apply(key, &profile).await;
+            let known = from_memory.then_some(observed);
+            let applied = self
+                .apply_without_mig(key, &profile, known, published)
+                .await;
             // Without a MIG change nothing is in progress: a cordon of ours still there (its
             // uncordon lost to an API error) goes now.
-            self.release_cordon(current.as_ref()).await;
+            self.release_cordon(current).await;
             applied
         };
         match outcome {
             Ok(()) => {
+                if from_memory && !self.still_no_mig_step(key, &profile).await {
+                    // Something changed the GPUs behind the agent's back since they were last
+                    // read: plan again from fresh reads (this time with the MIG path).
+                    warn!("the GPUs changed since they were last read; planning again");
+                    return Box::pin(self.make_match(key, text, None)).await;
+                }
                 self.metrics.set_profile(Some((key, &hash)));
                 if published && !mig_change {
                     return Outcome::Noop;
@@ -207,16 +240,79 @@ impl Reconciler {
                     Some(&hash),
                 )
                 .await;
-                self.event(
+                self.event_in_background(
                     EventType::Normal,
                     "Applied",
                     &format!("profile {key} applied ({hash:.12})"),
-                )
-                .await;
+                );
                 Outcome::Success
             }
             Err(failure) => failure,
         }
+    }
+
+    /// The GPUs to plan `profile` against, and the MIG steps the plan needs; whether the GPUs
+    /// came from memory. For a change the watch brought (`seen`), the last inventory serves
+    /// when the plan against it needs no MIG step: what it feeds (which GPUs, their MIG
+    /// layout, compute modes) changes only through NVML writes, and this agent forgets it
+    /// after any of its own (MIG steps, compute modes) and after any failure; drift made by
+    /// someone else is caught by the fresh read that confirms the apply before `success`
+    /// ([`Self::still_no_mig_step`]). MIG steps (and the drain, which needs the processes now
+    /// running) are always planned from fresh reads, as are resyncs and retries.
+    async fn plan_inventory(
+        &self,
+        key: &str,
+        profile: &Profile,
+        seen: Option<&Node>,
+    ) -> Result<(ObservedNode, Vec<Step>, bool), Outcome> {
+        if let Some(observed) = seen.and(self.remembered_inventory()) {
+            if let Ok(node_plan) = plan_for(key, profile, &observed, self.apply.plugin) {
+                let todo = steps(&node_plan, &observed);
+                if todo.is_empty() {
+                    return Ok((observed, todo, true));
+                }
+            }
+        }
+        let observed = self.observe().await.map_err(|e| failed("GpuError", e))?;
+        let node_plan =
+            plan_for(key, profile, &observed, self.apply.plugin).map_err(|p| invalid(&p))?;
+        let todo = steps(&node_plan, &observed);
+        Ok((observed, todo, false))
+    }
+
+    /// Whether fresh NVML reads still show no MIG step due for `profile`; a failed read or an
+    /// invalid plan counts as a change (the pass that follows reports it).
+    async fn still_no_mig_step(&self, key: &str, profile: &Profile) -> bool {
+        let Ok(observed) = self.observe().await else {
+            return false;
+        };
+        plan_for(key, profile, &observed, self.apply.plugin)
+            .is_ok_and(|node_plan| steps(&node_plan, &observed).is_empty())
+    }
+
+    /// An apply without MIG steps (sharing settings, MPS daemons, the plugin config): no
+    /// cordon, no drain, and no Node write before it, so the plugin config is written as soon
+    /// as the change is known. `applying` is published only when it runs longer than
+    /// [`APPLYING_AFTER`]; `success` follows only once it returned (the caller publishes it),
+    /// and a failed write fails the reconcile as before.
+    async fn apply_without_mig(
+        &self,
+        key: &str,
+        profile: &Profile,
+        known: Option<ObservedNode>,
+        published: bool,
+    ) -> Result<(), Outcome> {
+        let apply = self.run_apply(key, profile, known);
+        tokio::pin!(apply);
+        tokio::select! {
+            applied = &mut apply => return applied,
+            () = tokio::time::sleep(APPLYING_AFTER) => {}
+        }
+        if !published {
+            self.publish(State::Applying, &format!("applying profile {key}"), None)
+                .await;
+        }
+        apply.await
     }
 
     /// A MIG change: drain what it disturbs under a fleet slot, apply, uncordon.
@@ -321,7 +417,7 @@ impl Reconciler {
         }
         self.publish(State::Applying, &format!("applying profile {key}"), None)
             .await;
-        self.run_apply(key, profile).await
+        self.run_apply(key, profile, None).await
     }
 
     /// What the MIG steps disturb: the processes NVML shows on the devices that go away, and
@@ -354,12 +450,19 @@ impl Reconciler {
 
     /// `gpu-share apply` on this node (blocking NVML work off the async threads), then restart
     /// the plugin pods when that is how the plugin reloads.
-    async fn run_apply(&self, key: &str, profile: &Profile) -> Result<(), Outcome> {
+    /// `known`: the GPUs as last read, for a plan without MIG steps
+    /// ([`apply_with_inventory`]).
+    async fn run_apply(
+        &self,
+        key: &str,
+        profile: &Profile,
+        known: Option<ObservedNode>,
+    ) -> Result<(), Outcome> {
         let plugin_options = profile.plugin.clone();
         let (gpus, opts) = (self.gpus.clone(), self.apply.clone());
         let (key_owned, profile) = (key.to_string(), profile.clone());
         let report = tokio::task::spawn_blocking(move || {
-            gpus.with(|gpus| apply(gpus, &key_owned, &profile, &opts))
+            gpus.with(|gpus| apply_with_inventory(gpus, &key_owned, &profile, &opts, known))
         })
         .await
         .map_err(|e| failed("ApplyFailed", e))?
@@ -367,6 +470,10 @@ impl Reconciler {
             ApplyError::Invalid(problems) => invalid(&problems),
             other => failed("ApplyFailed", other),
         })?;
+        if !report.steps.is_empty() || !report.compute_mode.changed.is_empty() {
+            // The GPUs are no longer as last read.
+            self.forget_inventory();
+        }
         if !report.steps.is_empty() {
             let steps: Vec<String> = report.steps.iter().map(ToString::to_string).collect();
             self.event(EventType::Normal, "Reconfigured", &steps.join("; "))
@@ -448,11 +555,24 @@ impl Reconciler {
         }
     }
 
+    /// Read the GPUs from NVML, and remember what was read.
     async fn observe(&self) -> Result<ObservedNode, String> {
         let gpus = self.gpus.clone();
-        tokio::task::spawn_blocking(move || gpus.with(Gpus::observe).map_err(|e| e.to_string()))
-            .await
-            .map_err(|e| e.to_string())?
+        let observed = tokio::task::spawn_blocking(move || {
+            gpus.with(Gpus::observe).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        *self.inventory.lock().expect("not poisoned") = Some(observed.clone());
+        Ok(observed)
+    }
+
+    fn remembered_inventory(&self) -> Option<ObservedNode> {
+        self.inventory.lock().expect("not poisoned").clone()
+    }
+
+    fn forget_inventory(&self) {
+        *self.inventory.lock().expect("not poisoned") = None;
     }
 
     async fn publish(&self, state: State, reason: &str, hash: Option<&str>) {
@@ -531,16 +651,23 @@ impl Reconciler {
     }
 
     async fn event(&self, type_: EventType, reason: &str, note: &str) {
-        let event = Event {
-            type_,
-            reason: reason.to_string(),
-            note: Some(note.chars().take(1000).collect()),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
+        let event = reconcile_event(type_, reason, note);
         if let Err(e) = self.recorder.publish(&event, &self.node_ref).await {
             warn!(error = %e, "could not publish an event");
         }
+    }
+
+    /// Publish an Event without waiting for it, for the last word of a reconcile: the loop is
+    /// then free for the next change at once. Events are best-effort either way (a failure is
+    /// logged); this one is sent after the state it reports.
+    fn event_in_background(&self, type_: EventType, reason: &str, note: &str) {
+        let event = reconcile_event(type_, reason, note);
+        let (recorder, node_ref) = (self.recorder.clone(), self.node_ref.clone());
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&event, &node_ref).await {
+                warn!(error = %e, "could not publish an event");
+            }
+        });
     }
 }
 
@@ -560,6 +687,16 @@ async fn still_running(gpus: SharedGpus, pids: Vec<u32>) -> Vec<u32> {
     })
     .await
     .unwrap_or_default()
+}
+
+fn reconcile_event(type_: EventType, reason: &str, note: &str) -> Event {
+    Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    }
 }
 
 fn invalid(problems: &[Problem]) -> Outcome {

@@ -189,6 +189,21 @@ pub fn apply(
     profile: &Profile,
     opts: &ApplyOptions,
 ) -> Result<ApplyReport, ApplyError> {
+    apply_with_inventory(gpus, name, profile, opts, None)
+}
+
+/// [`apply`], planned against `known`, an inventory the caller observed earlier (the agent's
+/// last one), which saves the NVML reads when the plan needs no MIG step: the sharing settings
+/// and the plugin config follow from the GPUs' identities and MIG layout, which only MIG steps
+/// change. MIG steps are never run from it: when the plan against `known` has any, or an
+/// interrupted apply is to be rolled forward, the GPUs are read again first.
+pub fn apply_with_inventory(
+    gpus: &Gpus,
+    name: &str,
+    profile: &Profile,
+    opts: &ApplyOptions,
+    known: Option<ObservedNode>,
+) -> Result<ApplyReport, ApplyError> {
     let interrupted = leftover(opts)?.map(|j| Interrupted::found(j, name, profile));
     if let Some(i) = &interrupted {
         let what = match i.outcome {
@@ -206,9 +221,12 @@ pub fn apply(
             "{what}"
         );
     }
-    let observed = gpus.observe()?;
-    let node_plan = plan_for(name, profile, &observed, opts.plugin).map_err(ApplyError::Invalid)?;
-    let todo = steps(&node_plan, &observed);
+    let known = known.filter(|_| interrupted.is_none());
+    let (observed, node_plan, todo) = match known.map(|k| planned(name, profile, opts, k)) {
+        Some(Ok((observed, node_plan, todo))) if todo.is_empty() => (observed, node_plan, todo),
+        // MIG steps to run, or a profile `known` cannot take: decided on fresh reads only.
+        _ => planned(name, profile, opts, gpus.observe()?)?,
+    };
     let busy = busy_steps(&todo, &observed);
     if !busy.is_empty() && !opts.force {
         return Err(ApplyError::Busy(busy));
@@ -440,6 +458,18 @@ fn busy_steps(todo: &[Step], observed: &ObservedNode) -> Vec<Busy> {
             })
         })
         .collect()
+}
+
+/// `observed`, the plan of `profile` for it, and the MIG steps that plan needs.
+fn planned(
+    name: &str,
+    profile: &Profile,
+    opts: &ApplyOptions,
+    observed: ObservedNode,
+) -> Result<(ObservedNode, NodePlan, Vec<Step>), ApplyError> {
+    let node_plan = plan_for(name, profile, &observed, opts.plugin).map_err(ApplyError::Invalid)?;
+    let todo = steps(&node_plan, &observed);
+    Ok((observed, node_plan, todo))
 }
 
 /// Read the GPUs back: every GPU not waiting for a reset must now need no step.

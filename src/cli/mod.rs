@@ -317,10 +317,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Apply(args) => run_apply(&args),
         Command::Agent(args) => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(crate::agent::run(*args))?;
+            crate::agent::runtime()?.block_on(crate::agent::run(*args))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Status(args) => {
