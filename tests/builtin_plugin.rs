@@ -17,7 +17,7 @@ use gpu_share::builtin_plugin::api::{
 use kube_double::{fixtures, KubeDouble};
 use node_sim::{h100s, profile_text, AgentNode, CM, NS, PROFILE_LABEL};
 use nvidia_ml::{Gpu, State};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
@@ -69,19 +69,10 @@ impl FakeKubelet {
 }
 
 async fn plugin(socket: PathBuf) -> DevicePluginClient<Channel> {
-    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
-        let path = socket.clone();
-        async move {
-            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                UnixStream::connect(path).await?,
-            ))
-        }
-    });
-    let channel = tonic::transport::Endpoint::from_static("http://plugin")
-        .connect_with_connector(connector)
+    let shown = socket.display().to_string();
+    node_sim::dial_plugin(socket)
         .await
-        .unwrap();
-    DevicePluginClient::new(channel)
+        .unwrap_or_else(|| panic!("no device plugin listens on {shown}"))
 }
 
 /// The plugin's ListAndWatch stream.

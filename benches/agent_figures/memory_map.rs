@@ -42,14 +42,6 @@ fn mapping_kind(path: Option<&str>) -> String {
 
 /// `RssAnon`, `RssFile` (kB) and `Threads` from `/proc/<pid>/status`.
 pub fn status_fields(pid: u32) -> (u64, u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("RssAnon:"), field("RssFile:"), field("Threads:"))
+    let [anon, file, threads] = node_sim::proc_status_kb(pid, ["RssAnon:", "RssFile:", "Threads:"]);
+    (anon, file, threads)
 }

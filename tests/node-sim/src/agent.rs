@@ -383,17 +383,8 @@ impl AgentNode {
 
     /// `/proc/<agent pid>/status` fields in kB: (VmRSS, VmHWM).
     pub fn agent_memory_kb(&self) -> (u64, u64) {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.agent_pid()))
-            .expect("agent /proc status");
-        let field = |name: &str| {
-            status
-                .lines()
-                .find(|l| l.starts_with(name))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
-        (field("VmRSS:"), field("VmHWM:"))
+        let [rss, hwm] = proc_status_kb(self.agent_pid(), ["VmRSS:", "VmHWM:"]);
+        (rss, hwm)
     }
 }
 
@@ -486,4 +477,17 @@ pub fn direct_pod_deletes(api: &KubeDouble) -> Vec<String> {
         .filter(|r| r.resource == "pods" && matches!(r.verb, Verb::Delete | Verb::DeleteCollection))
         .map(|r| r.path)
         .collect()
+}
+
+/// Fields of `/proc/<pid>/status` in kB (or counts, for `Threads:`), 0 where absent.
+pub fn proc_status_kb<const N: usize>(pid: u32, names: [&str; N]) -> [u64; N] {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    names.map(|name| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    })
 }

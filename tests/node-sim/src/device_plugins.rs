@@ -86,20 +86,7 @@ impl Kubelet {
         &self,
         endpoint: &str,
     ) -> Option<tonic::Streaming<ListAndWatchResponse>> {
-        let socket = self.dir.join(endpoint);
-        let connector = tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    UnixStream::connect(path).await?,
-                ))
-            }
-        });
-        let channel = tonic::transport::Endpoint::from_static("http://plugin")
-            .connect_with_connector(connector)
-            .await
-            .ok()?;
-        let mut client = DevicePluginClient::new(channel);
+        let mut client = dial_plugin(self.dir.join(endpoint)).await?;
         Some(client.list_and_watch(Empty {}).await.ok()?.into_inner())
     }
 
@@ -130,6 +117,24 @@ impl Kubelet {
                 .insert(resource.to_string(), Quantity(healthy.to_string()));
         });
     }
+}
+
+/// A device-plugin client over the plugin's Unix socket, as the kubelet dials it (gRPC over
+/// `unix://`); `None` while nothing listens there.
+pub async fn dial_plugin(socket: PathBuf) -> Option<DevicePluginClient<tonic::transport::Channel>> {
+    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+        let path = socket.clone();
+        async move {
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                UnixStream::connect(path).await?,
+            ))
+        }
+    });
+    let channel = tonic::transport::Endpoint::from_static("http://plugin")
+        .connect_with_connector(connector)
+        .await
+        .ok()?;
+    Some(DevicePluginClient::new(channel))
 }
 
 /// The simulated kubelet's device-plugin manager for one node; it stops when dropped.

@@ -31,7 +31,7 @@ mod pod_resources;
 
 pub use agent::*;
 pub use cli::*;
-pub use device_plugins::{gpu_allocatable, Advertised, DevicePluginKubelet};
+pub use device_plugins::{dial_plugin, gpu_allocatable, Advertised, DevicePluginKubelet};
 pub use pod_resources::PodResourcesKubelet;
 
 pub const NS: &str = "gpu-share";
