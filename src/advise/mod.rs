@@ -3,13 +3,14 @@
 //! data and plans; nothing here touches a GPU or the API server.
 //!
 //! [`demand`] owns the pods and what they need, [`supply`] the nodes as they are, [`solver`]
-//! the placement (its module doc says how it minimises), [`proposal`] the per-node profiles and
+//! the placement (`running` its starting point) (its module doc says how it minimises), [`proposal`] the per-node profiles and
 //! their diff, [`render`] the text and ConfigMap outputs. It sits above `plan`, which checks
 //! every proposal.
 
 pub mod demand;
 pub mod proposal;
 pub mod render;
+mod running;
 pub mod solver;
 pub mod supply;
 
