@@ -47,6 +47,7 @@ pub(super) fn start_state(now: &NodeNow) -> NodeState {
                 clients: 0,
                 client_memory_mib: 0,
                 max_client_mib: 0,
+                relayout_memo: Default::default(),
             }
         })
         .collect();

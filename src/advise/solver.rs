@@ -74,11 +74,16 @@ pub struct GpuState {
     pub client_memory_mib: u64,
     /// The largest memory need of one MPS client on it.
     pub max_client_mib: u64,
+    /// Relayout answers for one more instance of a profile: (instances destroyed in all, compute
+    /// slices left), none when it does not fit. Every pending pod asks every GPU; the GPU only
+    /// changes when a pod is placed on it, which clears this.
+    pub relayout_memo: RefCell<Vec<(&'static str, Option<(u32, u32)>)>>,
 }
 
 impl GpuState {
     pub fn in_use(&self) -> bool {
-        self.clients > 0 || self.used.values().any(|n| *n > 0)
+        // Counts in `used` only grow from 1.
+        self.clients > 0 || !self.used.is_empty()
     }
 
     fn mig_capable(&self) -> bool {
@@ -172,20 +177,16 @@ pub(super) fn units(need: &Need) -> (Unit, u32) {
 #[derive(Debug, Clone)]
 enum Change {
     /// Take a free MIG instance of this profile.
-    UseInstance(String),
+    UseInstance(&'static str),
     /// New proposed instances (one more of `profile`), destroying this many existing ones.
-    Relayout {
-        profile: String,
-        instances: BTreeMap<String, u32>,
-        destroyed: u32,
-    },
+    Relayout { profile: &'static str },
     /// One more pod on a whole GPU of this role.
     Join { memory_mib: Option<u64> },
     /// Take an idle GPU for this role, destroying its instances.
     Claim {
         role: Role,
         memory_mib: Option<u64>,
-        profile: Option<String>,
+        profile: Option<&'static str>,
     },
 }
 
@@ -206,6 +207,8 @@ type SolveKey = (&'static str, Vec<(String, u32)>, Vec<(String, u32, u32)>);
 pub struct Solver {
     plugin: PluginKind,
     cache: RefCell<HashMap<SolveKey, Option<Geometry>>>,
+    /// [`smallest_profile`] answers by (model, memory): asked for every GPU a pod could use.
+    smallest: RefCell<HashMap<(&'static str, u64), Option<&'static str>>>,
 }
 
 impl Solver {
@@ -213,6 +216,7 @@ impl Solver {
         Solver {
             plugin,
             cache: RefCell::new(HashMap::new()),
+            smallest: RefCell::new(HashMap::new()),
         }
     }
 
@@ -273,9 +277,13 @@ impl Solver {
                         best = Some((cost, n, g, change));
                     }
                 }
+                // Nothing beats a free fit that fills its GPU.
+                if best.as_ref().is_some_and(|b| b.0 == Cost::default()) {
+                    break;
+                }
             }
             let (_, n, g, change) = best?;
-            apply(&mut nodes[n].gpus[g], change);
+            self.apply(&mut nodes[n].gpus[g], change);
             return Some(n);
         }
         let mut best: Option<(Cost, usize, NodeState)> = None;
@@ -287,7 +295,7 @@ impl Solver {
                 match self.best_on_node(&trial, &unit, None) {
                     Some((cost, g, change)) => {
                         total = total + cost;
-                        apply(&mut trial.gpus[g], change);
+                        self.apply(&mut trial.gpus[g], change);
                     }
                     None => {
                         fits = false;
@@ -318,6 +326,10 @@ impl Solver {
             let beat = best.as_ref().map(|b| b.0).into_iter().chain(bound).min();
             // Claiming an idle GPU costs a new GPU: it cannot beat a free fit.
             if !gpu.in_use() && beat.is_some_and(|b| b.destroyed == 0 && b.new_gpus == 0) {
+                continue;
+            }
+            // An idle GPU just like an earlier idle one of this node costs the same.
+            if !gpu.in_use() && node.gpus[..g].iter().any(|e| same_idle(e, gpu)) {
                 continue;
             }
             if let Some((cost, change)) = self.evaluate(gpu, &ctx, unit) {
@@ -352,17 +364,17 @@ impl Solver {
         memory_mib: Option<u64>,
     ) -> Option<(Cost, Change)> {
         let model = gpu.model?;
-        let profile = match profile {
-            Some(p) => model.profile(p)?.name.clone(),
-            None => smallest_profile(model, memory_mib?)?,
+        let profile: &'static str = match profile {
+            Some(p) => &model.profile(p)?.name,
+            None => self.smallest(model, memory_mib?)?,
         };
         if self.plugin == PluginKind::Nvidia && ctx.mps_in_use {
             return None;
         }
         let new_gpus = u32::from(!gpu.in_use());
         if gpu.role == Role::Mig {
-            let have = gpu.instances.get(&profile).copied().unwrap_or(0);
-            if have > gpu.used.get(&profile).copied().unwrap_or(0) {
+            let have = gpu.instances.get(profile).copied().unwrap_or(0);
+            if have > gpu.used.get(profile).copied().unwrap_or(0) {
                 let cost = Cost {
                     destroyed: 0,
                     new_gpus,
@@ -370,31 +382,23 @@ impl Solver {
                 };
                 return Some((cost, Change::UseInstance(profile)));
             }
-            let (instances, geometry) = self.relayout(model, gpu, &profile)?;
-            let destroyed = geometry.destroy.len() as u32;
+            let (destroyed, leftover) = self.relayout_cost(model, gpu, profile)?;
             let cost = Cost {
                 destroyed: destroyed.saturating_sub(gpu.destroyed),
                 new_gpus,
-                leftover: gpu.free_slices(&instances),
+                leftover,
             };
-            return Some((
-                cost,
-                Change::Relayout {
-                    profile,
-                    instances,
-                    destroyed,
-                },
-            ));
+            return Some((cost, Change::Relayout { profile }));
         }
         if gpu.in_use() || !gpu.mig_capable() {
             return None;
         }
-        let wanted = BTreeMap::from([(profile.clone(), 1)]);
-        self.geometry(model, &wanted, &[])?;
+        // One instance of a profile the model has fits an empty GPU (it has placements).
+        let slices = model.profile(profile).map_or(0, |p| p.slice_count);
         let cost = Cost {
             destroyed: 0,
             new_gpus: 1,
-            leftover: gpu.free_slices(&wanted),
+            leftover: model.compute_slices.saturating_sub(slices),
         };
         Some((
             cost,
@@ -406,6 +410,28 @@ impl Solver {
         ))
     }
 
+    /// [`Solver::relayout`]'s instances destroyed and slices left, remembered on the GPU.
+    fn relayout_cost(
+        &self,
+        model: &'static GpuModel,
+        gpu: &GpuState,
+        profile: &'static str,
+    ) -> Option<(u32, u32)> {
+        if let Some((_, hit)) = gpu
+            .relayout_memo
+            .borrow()
+            .iter()
+            .find(|(p, _)| *p == profile)
+        {
+            return *hit;
+        }
+        let answer = self
+            .relayout(model, gpu, profile)
+            .map(|(instances, g)| (g.destroy.len() as u32, gpu.free_slices(&instances)));
+        gpu.relayout_memo.borrow_mut().push((profile, answer));
+        answer
+    }
+
     /// The proposed instances plus one `profile`, keeping every instance pods hold and as many
     /// free ones as fit; none when even the held ones and the new one do not fit, or when the
     /// layout would destroy an instance of a profile running pods use.
@@ -415,10 +441,16 @@ impl Solver {
         gpu: &GpuState,
         profile: &str,
     ) -> Option<(BTreeMap<String, u32>, Geometry)> {
+        let new_slices = model.profile(profile).map_or(u32::MAX, |p| p.slice_count);
+        if gpu.free_slices(&gpu.used) < new_slices {
+            return None; // not even without every free instance
+        }
         let mut wanted = gpu.instances.clone();
         *wanted.entry(profile.to_string()).or_insert(0) += 1;
-        if let Some(g) = self.geometry(model, &wanted, &gpu.existing) {
-            return self.keeps_running(gpu, &g).then_some((wanted, g));
+        if gpu.free_slices(&gpu.instances) >= new_slices {
+            if let Some(g) = self.geometry(model, &wanted, &gpu.existing) {
+                return self.keeps_running(gpu, &g).then_some((wanted, g));
+            }
         }
         // Drop the free instances, then add them back one by one while they fit.
         let mut base = gpu.used.clone();
@@ -499,6 +531,14 @@ impl Solver {
         ))
     }
 
+    fn smallest(&self, model: &'static GpuModel, memory_mib: u64) -> Option<&'static str> {
+        *self
+            .smallest
+            .borrow_mut()
+            .entry((model.key.as_str(), memory_mib))
+            .or_insert_with(|| smallest_profile(model, memory_mib))
+    }
+
     fn geometry(
         &self,
         model: &'static GpuModel,
@@ -555,6 +595,16 @@ impl Solver {
     }
 }
 
+/// Two idle GPUs that any placement treats alike: same model, mode now and instances.
+fn same_idle(a: &GpuState, b: &GpuState) -> bool {
+    !a.in_use()
+        && a.role == b.role
+        && a.memory_mib == b.memory_mib
+        && a.model.map(|m| m as *const GpuModel) == b.model.map(|m| m as *const GpuModel)
+        && a.current == b.current
+        && a.existing == b.existing
+}
+
 /// `7.5` for 7680 MiB.
 pub fn gib(mib: u64) -> String {
     let g = mib as f64 / 1024.0;
@@ -567,14 +617,14 @@ pub fn gib(mib: u64) -> String {
 
 /// The smallest MIG profile of `model` with at least `memory_mib`, fewest compute slices on a
 /// tie; plain profiles only (no `+me`/`-me` media-engine variants).
-pub fn smallest_profile(model: &GpuModel, memory_mib: u64) -> Option<String> {
+pub fn smallest_profile(model: &GpuModel, memory_mib: u64) -> Option<&str> {
     model
         .gpu_instance_profiles
         .iter()
         .filter(|p| !p.name.contains(['+', '-']))
         .filter(|p| p.memory_mib.is_some_and(|m| m >= memory_mib))
         .min_by_key(|p| (p.memory_mib, p.slice_count))
-        .map(|p| p.name.clone())
+        .map(|p| p.name.as_str())
 }
 
 fn fits_memory(gpu: &GpuState, memory_mib: Option<u64>) -> bool {
@@ -585,19 +635,20 @@ fn fits_memory(gpu: &GpuState, memory_mib: Option<u64>) -> bool {
 }
 
 /// Facts about a node that decide what the NVIDIA plugin lets it hold.
-struct NodeCtx {
+struct NodeCtx<'a> {
+    node: &'a NodeState,
     whole_in_use: Option<Role>,
     has_mig: bool,
     mps_in_use: bool,
     /// The node's MPS memory cap per client now (one setting per node with the NVIDIA plugin).
     mps_limit_mib: u64,
-    mps_gpus: Vec<(u32, u32, Option<u64>)>,
 }
 
-impl NodeCtx {
-    fn of(node: &NodeState) -> Self {
+impl<'a> NodeCtx<'a> {
+    fn of(node: &'a NodeState) -> Self {
         let used = || node.gpus.iter().filter(|g| g.in_use());
         NodeCtx {
+            node,
             whole_in_use: used().map(|g| g.role).find(|r| *r != Role::Mig),
             has_mig: node.gpus.iter().any(|g| g.role == Role::Mig),
             mps_in_use: used().any(|g| g.role == Role::Mps),
@@ -606,10 +657,6 @@ impl NodeCtx {
                 .map(|g| g.max_client_mib)
                 .max()
                 .unwrap_or(0),
-            mps_gpus: used()
-                .filter(|g| g.role == Role::Mps)
-                .map(|g| (g.index, g.clients, g.memory_mib))
-                .collect(),
         }
     }
 
@@ -622,10 +669,11 @@ impl NodeCtx {
         }
         let this = std::iter::once((gpu.index, gpu.clients, gpu.memory_mib));
         let others = self
-            .mps_gpus
+            .node
+            .gpus
             .iter()
-            .copied()
-            .filter(|(i, _, _)| *i != gpu.index);
+            .filter(|g| g.in_use() && g.role == Role::Mps && g.index != gpu.index)
+            .map(|g| (g.index, g.clients, g.memory_mib));
         this.chain(others).all(|(i, clients, mem)| {
             let clients = u64::from(clients) + u64::from(i == gpu.index);
             mem.is_none_or(|m| clients * limit <= m)
@@ -633,34 +681,38 @@ impl NodeCtx {
     }
 }
 
-fn apply(gpu: &mut GpuState, change: Change) {
-    match change {
-        Change::UseInstance(p) => *gpu.used.entry(p).or_insert(0) += 1,
-        Change::Relayout {
-            profile,
-            instances,
-            destroyed,
-        } => {
-            gpu.instances = instances;
-            gpu.destroyed = destroyed;
-            *gpu.used.entry(profile).or_insert(0) += 1;
-        }
-        Change::Join { memory_mib, .. } => add_client(gpu, memory_mib),
-        Change::Claim {
-            role,
-            memory_mib,
-            profile,
-        } => {
-            if gpu.role == Role::Mig {
-                gpu.destroyed = gpu.existing.len() as u32;
+impl Solver {
+    /// Make the change on the GPU.
+    fn apply(&self, gpu: &mut GpuState, change: Change) {
+        gpu.relayout_memo.get_mut().clear();
+        match change {
+            Change::UseInstance(p) => *gpu.used.entry(p.to_string()).or_insert(0) += 1,
+            Change::Relayout { profile } => {
+                let model = gpu.model.expect("a relayout was evaluated on a MIG model");
+                let (instances, geometry) = self
+                    .relayout(model, gpu, profile)
+                    .expect("evaluated to fit");
+                gpu.instances = instances;
+                gpu.destroyed = geometry.destroy.len() as u32;
+                *gpu.used.entry(profile.to_string()).or_insert(0) += 1;
             }
-            gpu.role = role;
-            gpu.instances.clear();
-            if let Some(p) = profile {
-                gpu.instances.insert(p.clone(), 1);
-                gpu.used.insert(p, 1);
-            } else {
-                add_client(gpu, memory_mib);
+            Change::Join { memory_mib, .. } => add_client(gpu, memory_mib),
+            Change::Claim {
+                role,
+                memory_mib,
+                profile,
+            } => {
+                if gpu.role == Role::Mig {
+                    gpu.destroyed = gpu.existing.len() as u32;
+                }
+                gpu.role = role;
+                gpu.instances.clear();
+                if let Some(p) = profile {
+                    gpu.instances.insert(p.to_string(), 1);
+                    gpu.used.insert(p.to_string(), 1);
+                } else {
+                    add_client(gpu, memory_mib);
+                }
             }
         }
     }
