@@ -77,29 +77,63 @@ fn running_pods_outrank_a_pending_pod_that_fits_only_by_evicting() {
     assert_eq!(advice.totals.instances_destroyed, 0);
 }
 
-/// GPU 0 could take the 3g.40gb by destroying four free 1g.10gb instances and leave GPU 1 idle;
-/// destroying ranks above GPUs used, so GPU 1 is taken.
+/// GPU 0 holds a 3g.40gb (a running pod's) and two free 2g.20gb. It could take a second
+/// 3g.40gb by destroying the two free instances and leave GPU 1 idle; destroying ranks above
+/// GPUs used, so GPU 1 is taken. (With the two criteria swapped in `Cost`, this fails.)
 #[test]
 fn destroying_instances_outranks_using_another_gpu() {
     let supply = "
 nodes:
   - name: n1
     gpus: [h100x2]
-    profileName: small
-    profile: {version: v1, rules: [{devices: [0], mig: {1g.10gb: 7}}, {devices: [1], exclusive: true}]}
+    profileName: mixed
+    profile: {version: v1, rules: [{devices: [0], mig: {3g.40gb: 1, 2g.20gb: 2}}, {devices: [1], exclusive: true}]}
 ";
-    let demand = format!(
-        "pods:\n{ONE_SMALL_RUNNING}{}",
-        pending("big", "nvidia.com/mig-3g.40gb")
-    );
-    let advice = run(supply, &demand, PluginKind::Nvidia);
+    let demand = "pods:
+  - {name: run-0, node: n1, phase: running, requests: {nvidia.com/mig-3g.40gb: 1}}
+  - {name: big, phase: pending, requests: {nvidia.com/mig-3g.40gb: 1}}
+";
+    let advice = run(supply, demand, PluginKind::Nvidia);
     let node = &advice.nodes[0];
     assert!(advice.unschedulable.is_empty());
     assert_eq!(node.instances_destroyed, 0);
     assert_eq!(node.gpus_used, [0, 1]);
     let rules = &node.profile.rules;
-    assert_eq!(rules[0].mig.as_ref().unwrap()["1g.10gb"], 7);
+    assert_eq!(
+        rules[0].mig.as_ref().unwrap().len(),
+        2,
+        "GPU 0 keeps its layout"
+    );
+    assert_eq!(
+        rules[1].devices,
+        crate::profile::DeviceSelector::Indices(vec![1])
+    );
     assert_eq!(rules[1].mig.as_ref().unwrap()["3g.40gb"], 1);
+}
+
+/// The same node without GPU 1: destroying the free instances is now the only way to serve
+/// the pending pod, and unschedulable demand ranks first.
+#[test]
+fn free_instances_of_other_profiles_are_destroyed_to_serve_a_pod() {
+    let supply = "
+nodes:
+  - name: n1
+    gpus: [h100]
+    profileName: mixed
+    profile: {version: v1, rules: [{devices: all, mig: {3g.40gb: 1, 2g.20gb: 2}}]}
+";
+    let demand = "pods:
+  - {name: run-0, node: n1, phase: running, requests: {nvidia.com/mig-3g.40gb: 1}}
+  - {name: big, phase: pending, requests: {nvidia.com/mig-3g.40gb: 1}}
+";
+    let advice = run(supply, demand, PluginKind::Nvidia);
+    assert!(advice.unschedulable.is_empty());
+    assert_eq!(advice.totals.instances_destroyed, 2);
+    assert_eq!(advice.totals.pods_evicted, 0);
+    assert_eq!(
+        advice.nodes[0].profile.rules[0].mig.as_ref().unwrap()["3g.40gb"],
+        2
+    );
 }
 
 /// With nothing to destroy either way, pending pods fill a GPU before the next one is used.
@@ -233,4 +267,18 @@ fn input_errors_name_the_pod_or_node() {
             .any(|e| e == "pod default/r: running, but no node given"),
         "{errors:?}"
     );
+}
+
+/// Offline, which 1g.10gb instance run-0 holds is unknown, so none of that profile is
+/// destroyed on its GPU: the 3g.40gb (which fits only by destroying four of them) waits.
+#[test]
+fn instances_of_a_profile_running_pods_use_are_never_destroyed() {
+    let demand = format!(
+        "pods:\n{ONE_SMALL_RUNNING}{}",
+        pending("big", "nvidia.com/mig-3g.40gb")
+    );
+    let advice = run(SEVEN_SMALL, &demand, PluginKind::Nvidia);
+    assert_eq!(advice.totals.instances_destroyed, 0);
+    assert_eq!(advice.unschedulable.len(), 1);
+    assert_eq!(advice.nodes[0].pods, ["default/run-0"]);
 }
