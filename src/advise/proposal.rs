@@ -351,16 +351,14 @@ fn mps_spec(gpu: &GpuState, node: &NodeState) -> Spec {
         .max()
         .unwrap_or(0);
     let mut replicas = sized(gpu.clients, MAX_MPS_CLIENTS);
-    if cap > 0 {
-        let smallest = node
-            .gpus
-            .iter()
-            .filter(|g| g.role == Role::Mps && g.in_use())
-            .filter_map(|g| g.memory_mib)
-            .min();
-        if let Some(mem) = smallest {
-            replicas = replicas.min((mem / cap) as i64).max(gpu.clients as i64);
-        }
+    let smallest = node
+        .gpus
+        .iter()
+        .filter(|g| g.role == Role::Mps && g.in_use())
+        .filter_map(|g| g.memory_mib)
+        .min();
+    if let Some(fit) = smallest.and_then(|mem| mem.checked_div(cap)) {
+        replicas = replicas.min(fit as i64).max(gpu.clients as i64);
     }
     Spec::Mps {
         replicas: replicas.max(2),

@@ -77,7 +77,7 @@ pub struct GpuState {
     /// Relayout answers for one more instance of a profile: (instances destroyed in all, compute
     /// slices left), none when it does not fit. Every pending pod asks every GPU; the GPU only
     /// changes when a pod is placed on it, which clears this.
-    pub relayout_memo: RefCell<Vec<(&'static str, Option<(u32, u32)>)>>,
+    pub relayout_memo: RefCell<Vec<RelayoutAnswer>>,
 }
 
 impl GpuState {
@@ -99,6 +99,10 @@ impl GpuState {
         model.compute_slices.saturating_sub(taken)
     }
 }
+
+/// A profile, and what one more instance of it costs on a GPU: (instances destroyed in all,
+/// compute slices left), none when it does not fit.
+pub type RelayoutAnswer = (&'static str, Option<(u32, u32)>);
 
 /// One node during the search.
 #[derive(Debug, Clone)]
