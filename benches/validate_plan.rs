@@ -8,11 +8,18 @@
 //! grew faster than linearly). Profiles over the 1024-rule cap are refused, but every rule is
 //! still checked, so the figures show the cost per rule; 1024 is the largest accepted profile.
 //!
+//! The `advise_256_nodes_x8` group times `gpu-share advise` (issue 15) for a fleet of 256 nodes
+//! × 8 GPUs (H100, H200, A100 80GB; a third running the h100-inference profile with pods on
+//! it) and 2,560 pending pods of every kind: reading the nodes, solving, and planning every
+//! proposal. The issue's goal: well under a second.
+//!
 //! Run: `cargo bench --bench validate_plan`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use gpu_share::advise::{advise, Demand, Phase, PodDemand, Supply, SupplyNode};
 use gpu_share::plan::{plan, ObservedNode};
 use gpu_share::profile::{parse_profile, validate, MAX_RULES};
+use gpu_share::sharing::PluginKind;
 
 const CASES: &[(&str, &str, &str)] = &[
     (
@@ -100,5 +107,120 @@ fn validate_rules(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, per_node, ten_thousand_nodes, validate_rules);
+/// 256 nodes of 8 GPUs; every third an H100 node running h100-inference with pods on it.
+fn fleet() -> (Supply, Demand) {
+    let inference = parse_profile("inference", CASES[0].1).expect("example parses");
+    let mut nodes = Vec::new();
+    let mut pods = Vec::new();
+    let pod = |name: String, node: Option<String>, resource: &str, annotations: &[(&str, &str)]| {
+        PodDemand {
+            namespace: "bench".into(),
+            name,
+            phase: if node.is_some() {
+                Phase::Running
+            } else {
+                Phase::Pending
+            },
+            node,
+            requests: [(resource.to_string(), 1)].into(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    };
+    for n in 0..256 {
+        let name = format!("node-{n}");
+        let model = ["h100x8", "h200x8", "a100-80gbx8"][n % 3];
+        let running = n % 3 == 0;
+        nodes.push(SupplyNode {
+            name: name.clone(),
+            gpus: vec![model.into()],
+            current: None,
+            profile_name: running.then(|| "inference".into()),
+            profile: running.then(|| inference.clone()),
+        });
+        if running {
+            for i in 0..12 {
+                pods.push(pod(
+                    format!("{name}-small-{i}"),
+                    Some(name.clone()),
+                    "nvidia.com/mig-1g.10gb",
+                    &[],
+                ));
+            }
+            for i in 0..6 {
+                let shared = [("gpu-share.dev/isolation", "shared")];
+                pods.push(pod(
+                    format!("{name}-ts-{i}"),
+                    Some(name.clone()),
+                    "nvidia.com/gpu",
+                    &shared,
+                ));
+            }
+        }
+        for (i, gib) in ["8", "8", "18", "35", "70", "18"].iter().enumerate() {
+            let sized = [
+                ("gpu-share.dev/isolation", "mig"),
+                ("gpu-share.dev/memory-gib", *gib),
+            ];
+            pods.push(pod(
+                format!("{name}-mig-{i}"),
+                None,
+                "nvidia.com/gpu",
+                &sized,
+            ));
+        }
+        let mps = [
+            ("gpu-share.dev/isolation", "mps"),
+            ("gpu-share.dev/memory-gib", "10"),
+        ];
+        pods.push(pod(format!("{name}-mps-0"), None, "nvidia.com/gpu", &mps));
+        let shared = [("gpu-share.dev/isolation", "shared")];
+        pods.push(pod(
+            format!("{name}-shared-0"),
+            None,
+            "nvidia.com/gpu",
+            &shared,
+        ));
+        pods.push(pod(
+            format!("{name}-shared-1"),
+            None,
+            "nvidia.com/gpu",
+            &shared,
+        ));
+        pods.push(pod(format!("{name}-whole-0"), None, "nvidia.com/gpu", &[]));
+    }
+    (Supply { nodes }, Demand { pods })
+}
+
+fn advise_fleet(c: &mut Criterion) {
+    let (supply, demand) = fleet();
+    let advice = advise(&demand, &supply, PluginKind::Nvidia).expect("the bench fleet is valid");
+    let t = &advice.totals;
+    println!(
+        "advise_256_nodes_x8: {} pods, {} unschedulable, {} evicted, {} instances destroyed, {} GPUs used, {} idle",
+        demand.pods.len(), t.unschedulable_pods, t.pods_evicted, t.instances_destroyed, t.gpus_used, t.gpus_idle
+    );
+    let mut group = c.benchmark_group("advise_256_nodes_x8");
+    group.sample_size(10);
+    group.throughput(Throughput::Elements(256 * 8));
+    group.bench_function("nvidia", |b| {
+        b.iter(|| {
+            advise(&demand, &supply, PluginKind::Nvidia)
+                .expect("valid")
+                .totals
+                .gpus_used
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    per_node,
+    ten_thousand_nodes,
+    validate_rules,
+    advise_fleet
+);
 criterion_main!(benches);

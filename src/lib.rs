@@ -8,6 +8,7 @@
 //! Planning is pure and testable: it takes an observed node and a profile and returns what to
 //! change. Only executors touch hardware or the Kubernetes API.
 
+pub mod advise;
 pub mod agent;
 pub mod apply;
 pub mod builtin_plugin;

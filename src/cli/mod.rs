@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 
+use crate::advise;
 use crate::agent::AgentArgs;
 use crate::apply::{apply, resume, ApplyError, ApplyOptions, DevicePluginOutput};
 use crate::builtin_plugin::PluginKind;
@@ -46,8 +47,11 @@ enum Command {
     Validate(ValidateArgs),
     /// Show what a profile would change on a node (simulated or observed) and what it advertises.
     Plan(PlanArgs),
-    /// Print the profile format's JSON Schema.
-    Schema,
+    /// Propose a profile per node that serves the pods' GPU demand (offline: demand and supply
+    /// files), with what it would change; docs/advise.md.
+    Advise(AdviseArgs),
+    /// Print the profile format's JSON Schema (`--of demand|supply`: advise's input files).
+    Schema(SchemaArgs),
     /// List the MIG-capable GPU models and their profiles.
     Catalog(OutputArgs),
     /// Make this node's GPUs match a profile (MIG mode, GPU and compute instances).
@@ -288,6 +292,44 @@ struct PlanArgs {
     out: OutputArgs,
 }
 
+#[derive(Args, Debug)]
+struct AdviseArgs {
+    /// The pods and their GPU requests (YAML or JSON; `gpu-share schema --of demand`).
+    #[arg(long)]
+    demand: PathBuf,
+    /// The GPU nodes and how they are shared now (YAML or JSON; `gpu-share schema --of supply`).
+    #[arg(long)]
+    supply: PathBuf,
+    /// The device plugin the nodes run: `nvidia` shares all whole GPUs of a node one way.
+    #[arg(long, value_enum, default_value_t = PluginKind::Nvidia)]
+    plugin: PluginKind,
+    /// `configmap`: a ConfigMap manifest with the proposed profiles and the label commands.
+    #[arg(long, value_enum, default_value_t = AdviseOutput::Text)]
+    output: AdviseOutput,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum AdviseOutput {
+    Text,
+    Json,
+    Yaml,
+    Configmap,
+}
+
+#[derive(Args, Debug)]
+struct SchemaArgs {
+    /// Which format.
+    #[arg(long, value_enum, default_value_t = SchemaOf::Profile)]
+    of: SchemaOf,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum SchemaOf {
+    Profile,
+    Demand,
+    Supply,
+}
+
 /// Parse the command line and run; the exit code says whether problems were found.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
@@ -306,8 +348,13 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Validate(args) => run_validate(&args),
         Command::Plan(args) => run_plan(&args),
-        Command::Schema => {
-            let schema = schemars::schema_for!(Profile);
+        Command::Advise(args) => run_advise(&args),
+        Command::Schema(args) => {
+            let schema = match args.of {
+                SchemaOf::Profile => schemars::schema_for!(Profile),
+                SchemaOf::Demand => schemars::schema_for!(advise::Demand),
+                SchemaOf::Supply => schemars::schema_for!(advise::Supply),
+            };
             println!("{}", serde_json::to_string_pretty(&schema)?);
             Ok(ExitCode::SUCCESS)
         }
@@ -474,6 +521,47 @@ fn run_plan(args: &PlanArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(problems) => report_problems(args.out.output, &problems),
+    }
+}
+
+/// Exit 0 when every pod is served, 1 when some are unschedulable or the input is refused.
+fn run_advise(args: &AdviseArgs) -> Result<ExitCode> {
+    let read = |path: &Path| {
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+    };
+    let demand: advise::Demand = advise::parse("demand", &read(&args.demand)?)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.demand.display()))?;
+    let supply: advise::Supply = advise::parse("supply", &read(&args.supply)?)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.supply.display()))?;
+    let advice = match advise::advise(&demand, &supply, args.plugin) {
+        Ok(a) => a,
+        Err(errors) => {
+            for e in errors {
+                eprintln!("error: {e}");
+            }
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let output = match args.output {
+        AdviseOutput::Text => Output::Text,
+        AdviseOutput::Json => Output::Json,
+        AdviseOutput::Yaml => Output::Yaml,
+        AdviseOutput::Configmap => {
+            let text = advise::render::configmap(&advice)?;
+            std::io::stdout().lock().write_all(text.as_bytes())?;
+            return Ok(advise_exit(&advice));
+        }
+    };
+    emit(output, &advice, advise::render::text)?;
+    Ok(advise_exit(&advice))
+}
+
+fn advise_exit(advice: &advise::Advice) -> ExitCode {
+    let planned = advice.nodes.iter().all(|n| n.problems.is_empty());
+    if advice.unschedulable.is_empty() && planned {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 

@@ -1,0 +1,201 @@
+//! `gpu-share advise` run as a process on the example files in tests/data/advise/: every
+//! proposed profile validates, and planned on its node (independently of advise's own report)
+//! it advertises at least what the pods placed there request, so every pending pod fits.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use gpu_share::advise::{Demand, Phase, Supply};
+use gpu_share::plan::plan_for;
+use gpu_share::profile::{read_profiles, validate_for, Profile};
+use gpu_share::sharing::PluginKind;
+
+const DEMAND: &str = "tests/data/advise/demand.yaml";
+const SUPPLY: &str = "tests/data/advise/supply.yaml";
+
+fn data(path: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap()
+}
+
+fn advise(plugin: &str, output: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "advise", "--demand", DEMAND, "--supply", SUPPLY, "--plugin", plugin, "--output",
+            output,
+        ])
+        .output()
+        .unwrap()
+}
+
+fn plugin_kind(plugin: &str) -> PluginKind {
+    match plugin {
+        "nvidia" => PluginKind::Nvidia,
+        _ => PluginKind::Builtin,
+    }
+}
+
+/// Plan each node's proposal on the node as the supply file gives it, and check that what the
+/// plan advertises covers, per resource, the requests of the pods advise put there (the count
+/// the kubelet schedules by).
+fn check_proposals_serve_their_pods(report: &serde_json::Value, plugin: PluginKind) {
+    let supply: Supply = serde_yaml::from_str(&data(SUPPLY)).unwrap();
+    let demand: Demand = serde_yaml::from_str(&data(DEMAND)).unwrap();
+    let mut placed = Vec::new();
+    for node_report in report["nodes"].as_array().unwrap() {
+        let name = node_report["node"].as_str().unwrap();
+        let key = node_report["profileKey"].as_str().unwrap();
+        let profile: Profile = serde_json::from_value(node_report["profile"].clone()).unwrap();
+        let problems = validate_for(key, &profile, plugin);
+        assert!(
+            problems.iter().all(|p| !p.is_error()),
+            "{key}: {problems:?}"
+        );
+        let node = supply.nodes.iter().find(|n| n.name == name).unwrap();
+        let now = node.now(plugin).unwrap();
+        let plan = plan_for(key, &profile, &now.observed, plugin)
+            .unwrap_or_else(|p| panic!("{key} does not plan on {name}: {p:?}"));
+        let mut requested: BTreeMap<String, u64> = BTreeMap::new();
+        for pod_id in node_report["pods"].as_array().unwrap() {
+            let pod = demand
+                .pods
+                .iter()
+                .find(|p| p.id() == pod_id.as_str().unwrap())
+                .unwrap();
+            for (resource, n) in &pod.requests {
+                *requested.entry(resource.clone()).or_insert(0) += u64::from(*n);
+            }
+            placed.push(pod.id());
+        }
+        for (resource, n) in &requested {
+            let advertised = plan.resources.get(resource).copied().unwrap_or(0);
+            assert!(
+                advertised >= *n,
+                "{name}: {resource}: {n} requested, {advertised} advertised by {key}"
+            );
+        }
+    }
+    for pod in demand
+        .pods
+        .iter()
+        .filter(|p| !p.requests.keys().all(|r| r == "cpu"))
+    {
+        assert!(placed.contains(&pod.id()), "{} is placed nowhere", pod.id());
+        if pod.phase == Phase::Running {
+            let on = report["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|n| n["pods"].as_array().unwrap().iter().any(|p| p == &pod.id()));
+            assert_eq!(
+                on.unwrap()["node"],
+                pod.node.as_deref().unwrap(),
+                "{} moved",
+                pod.id()
+            );
+        }
+    }
+}
+
+#[test]
+fn every_pending_pod_fits_the_proposals_with_either_plugin() {
+    for plugin in ["nvidia", "builtin"] {
+        let out = advise(plugin, "json");
+        assert!(
+            out.status.success(),
+            "{plugin}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["totals"]["unschedulablePods"], 0);
+        assert_eq!(
+            report["totals"]["podsEvicted"], 0,
+            "running pods keep their devices"
+        );
+        assert_eq!(
+            report["totals"]["instancesDestroyed"], 0,
+            "only free capacity is reshaped"
+        );
+        check_proposals_serve_their_pods(&report, plugin_kind(plugin));
+    }
+}
+
+/// The ConfigMap output is a ConfigMap the agent reads (every key a valid profile) followed by
+/// one label command per node.
+#[test]
+fn the_configmap_output_holds_every_proposal_and_the_label_commands() {
+    let out = advise("nvidia", "configmap");
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let profiles = read_profiles("advice", &text);
+    let keys: Vec<&str> = profiles.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "advised-gpu-a",
+            "advised-gpu-b",
+            "advised-gpu-c",
+            "advised-gpu-d"
+        ]
+    );
+    for named in &profiles {
+        let profile = named.profile.as_ref().unwrap();
+        assert!(validate_for(&named.name, profile, PluginKind::Nvidia)
+            .iter()
+            .all(|p| !p.is_error()));
+    }
+    for node in ["gpu-a", "gpu-b", "gpu-c", "gpu-d"] {
+        let command =
+            format!("# kubectl label node {node} gpu-share.dev/profile=advised-{node} --overwrite");
+        assert!(
+            text.lines().any(|l| l == command),
+            "{command} missing:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn the_text_report_says_what_changes_per_node() {
+    let out = advise("nvidia", "text");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with(
+            "advise (nvidia plugin): 0 unschedulable, 0 pod(s) evicted, 0 instance(s) destroyed"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("node gpu-a → profile advised-gpu-a"),
+        "{text}"
+    );
+    assert!(text.contains("mig 1×7g.80gb"), "{text}");
+}
+
+/// Bad input is refused with the pod named, nothing proposed, exit 1.
+#[test]
+fn a_bad_request_is_refused_naming_the_pod() {
+    let dir = tempfile::tempdir().unwrap();
+    let demand = dir.path().join("demand.yaml");
+    std::fs::write(&demand, "pods:\n  - {name: x, phase: pending, requests: {nvidia.com/gpu: 1}, annotations: {gpu-share.dev/isolation: vgpu}}\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "advise",
+            "--demand",
+            demand.to_str().unwrap(),
+            "--supply",
+            SUPPLY,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "error: pod default/x: gpu-share.dev/isolation: \"vgpu\" is not mig, mps or shared"
+        ),
+        "{err}"
+    );
+}
