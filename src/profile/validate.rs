@@ -53,6 +53,10 @@ pub fn validate_for(name: &str, profile: &Profile, plugin: PluginKind) -> Vec<Pr
     problems.extend(match plugin {
         PluginKind::Nvidia => crate::device_plugin::check_profile(name, profile),
         PluginKind::Builtin => crate::builtin_plugin::check_profile(name, profile),
+        // Each GPU (and MIG device) is its own DRA device with its own attributes: none of
+        // the NVIDIA plugin's node-wide restrictions, nor the built-in plugin's one MPS
+        // daemon per resource, applies.
+        PluginKind::Dra => Vec::new(),
     });
     problems
 }
