@@ -404,3 +404,6 @@ fn dns_label_part(profile: &str) -> String {
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
         .collect()
 }
+
+#[cfg(test)]
+mod tests;
