@@ -26,14 +26,17 @@ const CASES: &[(&str, &str)] = &[
     ("profiles/a100-40gb-mixed.yaml", "a100-40gbx8"),
     ("profiles/a100-80gb-single.yaml", "a100-80gbx4"),
     ("profiles/h200-mig-timeslice.yaml", "h200x8"),
-    ("profiles/homelab-timeslice.yaml", "NVIDIA GeForce RTX 3090x2"),
+    (
+        "profiles/homelab-timeslice.yaml",
+        "NVIDIA GeForce RTX 3090x2",
+    ),
 ];
 
 fn planned(profile_text: &str, gpus: &str) -> (NodePlan, ObservedNode) {
     let profile = parse_profile("p", profile_text).unwrap();
     let node = ObservedNode::simulated(&[gpus.to_string()]);
-    let plan = plan_for("p", &profile, &node, PluginKind::Dra)
-        .unwrap_or_else(|e| panic!("{gpus}: {e:?}"));
+    let plan =
+        plan_for("p", &profile, &node, PluginKind::Dra).unwrap_or_else(|e| panic!("{gpus}: {e:?}"));
     (plan, node)
 }
 
@@ -110,9 +113,16 @@ fn names_are_dns_labels_unique_in_the_pool_and_attributes_fit_the_api() {
             );
             for (name, value) in &device.attributes {
                 assert!(is_c_identifier(name), "{file}: attribute {name}");
-                let set = [value.int.is_some(), value.string.is_some(), value.bool.is_some()];
+                let set = [
+                    value.int.is_some(),
+                    value.string.is_some(),
+                    value.bool.is_some(),
+                ];
                 assert_eq!(set.iter().filter(|s| **s).count(), 1, "{name}: {value:?}");
-                assert!(value.string.as_ref().is_none_or(|s| s.len() <= 64), "{name}");
+                assert!(
+                    value.string.as_ref().is_none_or(|s| s.len() <= 64),
+                    "{name}"
+                );
             }
             for name in device.capacity.keys() {
                 assert!(is_c_identifier(name), "{file}: capacity {name}");
@@ -131,7 +141,10 @@ fn names_are_dns_labels_unique_in_the_pool_and_attributes_fit_the_api() {
 #[test]
 fn a_mig_profile_becomes_part_of_a_dns_label() {
     assert_eq!(dns_label_part("1g.10gb+me"), "1g-10gb-me");
-    assert!(is_dns_label(&format!("gpu-15-mig-6-{}-share-1023", dns_label_part("1g.10gb+me"))));
+    assert!(is_dns_label(&format!(
+        "gpu-15-mig-6-{}-share-1023",
+        dns_label_part("1g.10gb+me")
+    )));
 }
 
 fn counter_value(counter: &Counter) -> u64 {
@@ -144,22 +157,34 @@ fn assert_counters_consistent(context: &str, slices: &[ResourceSlice]) {
     for slice in slices {
         let declared: BTreeMap<(&str, &str), u64> = (slice.spec.shared_counters.iter())
             .flat_map(|set| {
-                (set.counters.iter()).map(|(c, v)| ((set.name.as_str(), c.as_str()), counter_value(v)))
+                (set.counters.iter())
+                    .map(|(c, v)| ((set.name.as_str(), c.as_str()), counter_value(v)))
             })
             .collect();
-        assert!(declared.len() <= api::MAX_SHARED_COUNTERS_PER_SLICE, "{context}");
+        assert!(
+            declared.len() <= api::MAX_SHARED_COUNTERS_PER_SLICE,
+            "{context}"
+        );
         let mut used: BTreeMap<(&str, &str), u64> = BTreeMap::new();
         for device in &slice.spec.devices {
             for consumption in &device.consumes_counters {
                 for (c, v) in &consumption.counters {
                     let key = (consumption.counter_set.as_str(), c.as_str());
-                    assert!(declared.contains_key(&key), "{context}: {} uses {key:?}", device.name);
+                    assert!(
+                        declared.contains_key(&key),
+                        "{context}: {} uses {key:?}",
+                        device.name
+                    );
                     *used.entry(key).or_default() += counter_value(v);
                 }
             }
         }
         for (key, sum) in used {
-            assert!(sum <= declared[&key], "{context}: {key:?} {sum} > {}", declared[&key]);
+            assert!(
+                sum <= declared[&key],
+                "{context}: {key:?} {sum} > {}",
+                declared[&key]
+            );
         }
     }
 }
@@ -186,7 +211,8 @@ fn counters_are_declared_where_consumed_and_never_oversubscribed() {
     assert_eq!(sets, ["gpu-0", "gpu-1"]);
 }
 
-const TIME_SLICED_48: &str = "version: v1\nrules:\n  - devices: all\n    timeSlicing: {replicas: 48}\n";
+const TIME_SLICED_48: &str =
+    "version: v1\nrules:\n  - devices: all\n    timeSlicing: {replicas: 48}\n";
 
 #[test]
 fn more_than_128_devices_split_into_several_slices_of_one_pool() {
@@ -202,7 +228,10 @@ fn more_than_128_devices_split_into_several_slices_of_one_pool() {
         assert_eq!(slice.spec.node_name, "node-a");
         assert_eq!(slice.spec.driver, DRIVER);
     }
-    let names: BTreeSet<_> = slices.iter().filter_map(|s| s.metadata.name.clone()).collect();
+    let names: BTreeSet<_> = slices
+        .iter()
+        .filter_map(|s| s.metadata.name.clone())
+        .collect();
     assert_eq!(names.len(), 3, "slice names are distinct: {names:?}");
     let devices: BTreeSet<_> = devices(&slices).map(|d| d.name.clone()).collect();
     assert_eq!(devices.len(), 384);
@@ -226,7 +255,10 @@ fn a_mig_gpu_stays_whole_in_one_slice_with_its_counters() {
     };
     assert_eq!(sets(0), ["gpu-8"]);
     assert_eq!(slices[1].spec.devices.len(), 49);
-    assert_eq!(sets(1), ["gpu-9", "gpu-10", "gpu-11", "gpu-12", "gpu-13", "gpu-14", "gpu-15"]);
+    assert_eq!(
+        sets(1),
+        ["gpu-9", "gpu-10", "gpu-11", "gpu-12", "gpu-13", "gpu-14", "gpu-15"]
+    );
     assert!(slices.iter().all(|s| s.spec.pool.resource_slice_count == 2));
 }
 
@@ -240,11 +272,20 @@ fn uuids_name_each_device_or_the_gpu_its_shares_come_from() {
     let slices = resource_slices("n", 1, &plan.gpus, &node);
     let by_name: BTreeMap<&str, &Device> = devices(&slices).map(|d| (d.name.as_str(), d)).collect();
     let attr = |device: &str, name: &str| {
-        by_name[device].attributes.get(name).and_then(|a| a.string.clone())
+        by_name[device]
+            .attributes
+            .get(name)
+            .and_then(|a| a.string.clone())
     };
-    assert_eq!(attr("gpu-0-share-1", "parentUUID").as_deref(), Some("GPU-0"));
+    assert_eq!(
+        attr("gpu-0-share-1", "parentUUID").as_deref(),
+        Some("GPU-0")
+    );
     assert_eq!(attr("gpu-0-share-1", "uuid"), None);
-    assert_eq!(attr("gpu-0-share-1", "sharing").as_deref(), Some("timeSlicing"));
+    assert_eq!(
+        attr("gpu-0-share-1", "sharing").as_deref(),
+        Some("timeSlicing")
+    );
     assert_eq!(attr("gpu-1", "uuid").as_deref(), Some("GPU-1"));
     assert_eq!(attr("gpu-1", "sharing").as_deref(), Some("exclusive"));
 }
