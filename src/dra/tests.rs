@@ -289,3 +289,44 @@ fn uuids_name_each_device_or_the_gpu_its_shares_come_from() {
     assert_eq!(attr("gpu-1", "uuid").as_deref(), Some("GPU-1"));
     assert_eq!(attr("gpu-1", "sharing").as_deref(), Some("exclusive"));
 }
+
+#[test]
+fn a_kept_mig_device_carries_its_uuid_and_a_new_one_only_its_parents() {
+    use crate::gpu::ObservedComputeInstance;
+    use crate::mig::{ExistingInstance, Placement};
+    let text = "version: v1\nplugin: {migStrategy: mixed}\nrules:\n  - devices: all\n    mig: {3g.40gb: 2}\n";
+    let profile = parse_profile("p", text).unwrap();
+    let mut node = ObservedNode::simulated(&["h100x1".to_string()]);
+    let gpu = &mut node.gpus[0];
+    gpu.uuid = Some("GPU-0".into());
+    gpu.mig = Some(crate::gpu::MigMode {
+        current: true,
+        pending: true,
+    });
+    gpu.instances = vec![ExistingInstance {
+        profile: "3g.40gb".into(),
+        placement: Placement { start: 4, size: 4 },
+        gi_id: Some(2),
+    }];
+    gpu.compute_instances = vec![ObservedComputeInstance {
+        gi_id: 2,
+        ci_id: 0,
+        profile_id: 2,
+        uuid: Some("MIG-kept".into()),
+    }];
+    let plan = plan_for("p", &profile, &node, PluginKind::Dra).unwrap();
+    let slices = resource_slices("n", 1, &plan.gpus, &node);
+    let attr = |device: &str, name: &str| {
+        let d = devices(&slices).find(|d| d.name == device).unwrap();
+        d.attributes.get(name).and_then(|a| a.string.clone())
+    };
+    assert_eq!(
+        attr("gpu-0-mig-4-3g-40gb", "uuid").as_deref(),
+        Some("MIG-kept")
+    );
+    assert_eq!(attr("gpu-0-mig-0-3g-40gb", "uuid"), None);
+    for device in ["gpu-0-mig-0-3g-40gb", "gpu-0-mig-4-3g-40gb"] {
+        assert_eq!(attr(device, "parentUUID").as_deref(), Some("GPU-0"));
+        assert_eq!(attr(device, "sharing").as_deref(), Some("mig"));
+    }
+}
