@@ -330,3 +330,29 @@ fn a_kept_mig_device_carries_its_uuid_and_a_new_one_only_its_parents() {
         assert_eq!(attr(device, "sharing").as_deref(), Some("mig"));
     }
 }
+
+/// DRA lifts the plugins' resource-name limits, not the MPS daemons': whole MPS GPUs share one
+/// control daemon with one default thread percentage (`crate::mps::daemon`), so two MPS rules
+/// that differ in it are still refused; whole GPUs shared differently are fine (their devices
+/// say which is which), with no warning.
+#[test]
+fn validate_for_dra_keeps_the_mps_daemon_rule_and_drops_the_resource_name_warning() {
+    let differing = "version: v1\nrules:\n  - devices: [0]\n    mps: {replicas: 2, activeThreadPercentage: 50}\n  - devices: [1]\n    mps: {replicas: 2, activeThreadPercentage: 25}\n";
+    let profile = parse_profile("p", differing).unwrap();
+    let problems = crate::profile::validate_for("p", &profile, PluginKind::Dra);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.is_error() && p.to_string().contains("activeThreadPercentage")),
+        "{problems:?}"
+    );
+    let mixed = "version: v1\nrules:\n  - devices: [0]\n    mps: {replicas: 2}\n  - devices: [1]\n    timeSlicing: {replicas: 2}\n";
+    let profile = parse_profile("p", mixed).unwrap();
+    let problems = crate::profile::validate_for("p", &profile, PluginKind::Dra);
+    assert!(problems.is_empty(), "{problems:?}");
+    // The built-in plugin warns about the same profile: one resource name for both kinds.
+    let builtin = crate::profile::validate_for("p", &profile, PluginKind::Builtin);
+    assert!(builtin
+        .iter()
+        .any(|p| p.to_string().contains("one resource name")));
+}
