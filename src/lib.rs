@@ -15,6 +15,7 @@ pub mod builtin_plugin;
 pub mod cli;
 pub mod device_plugin;
 pub mod doctor;
+pub mod dra;
 pub mod gpu;
 pub mod kubelet;
 pub mod mig;

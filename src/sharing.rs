@@ -100,6 +100,9 @@ pub enum PluginKind {
     Nvidia,
     /// gpu-share's own plugin, run inside the agent.
     Builtin,
+    /// Dynamic Resource Allocation: the node's devices as resource.k8s.io/v1 ResourceSlices
+    /// (`crate::dra`). Only planned so far: the agent does not publish them yet (docs/dra.md).
+    Dra,
 }
 
 /// The resource a MIG device of `profile` is advertised under: `nvidia.com/mig-<profile>`, or

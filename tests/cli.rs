@@ -642,3 +642,80 @@ fn validate_refuses_a_file_over_1_mib() {
     );
     assert!(text.contains("\"huge\""), "{text}");
 }
+
+/// `plan --plugin dra` prints the ResourceSlices the node would publish, one DRA device per
+/// unit `plan` advertises, for every example profile on its node and the `profiles/builtin/`
+/// ones (which the NVIDIA plugin refuses) on 8 × H100.
+#[test]
+fn plan_for_dra_prints_one_device_per_advertised_resource_for_every_example_profile() {
+    let builtin = [
+        ("profiles/builtin/h100-mixed-sharing.yaml", "h100x8"),
+        ("profiles/builtin/h100-mps-in-mig.yaml", "h100x8"),
+    ];
+    for (file, gpu) in EXAMPLES.iter().chain(&builtin) {
+        let args = ["plan", "--profile", file, "--gpu", gpu, "--plugin", "dra"];
+        let out = gpu_share(&[&args[..], &["--node-name", "worker-1", "-o", "json"]].concat());
+        assert!(out.status.success(), "{file}: {}", stderr(&out));
+        let plan = json(&out);
+        let advertised: u64 = (plan["resources"].as_object().unwrap().values())
+            .map(|n| n.as_u64().unwrap())
+            .sum();
+        let slices = plan["resourceSlices"].as_array().unwrap();
+        let devices: usize = (slices.iter())
+            .map(|s| s["spec"]["devices"].as_array().unwrap().len())
+            .sum();
+        assert_eq!(devices as u64, advertised, "{file} on {gpu}");
+        for slice in slices {
+            assert_eq!(slice["apiVersion"], "resource.k8s.io/v1");
+            assert_eq!(slice["spec"]["driver"], "gpu.gpu-share.dev");
+            assert_eq!(slice["spec"]["nodeName"], "worker-1");
+            assert_eq!(slice["spec"]["pool"]["name"], "worker-1");
+            assert_eq!(slice["spec"]["pool"]["resourceSliceCount"], slices.len());
+        }
+        assert!(plan.get("devicePluginConfig").is_none(), "{file}");
+        // YAML writes attribute values as the API's `{string: …}` maps, not as YAML tags.
+        let out = gpu_share(&[&args[..], &["-o", "yaml"]].concat());
+        assert!(out.status.success(), "{file}: {}", stderr(&out));
+        let yaml = stdout(&out);
+        assert!(
+            yaml.contains("sharing:\n          string: "),
+            "{file}: {yaml}"
+        );
+        assert!(!yaml.contains(" !"), "{file}: a YAML tag in {yaml}");
+        let text = stdout(&gpu_share(&args));
+        assert!(
+            text.contains("DRA ResourceSlices (driver gpu.gpu-share.dev"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn validate_for_dra_accepts_what_only_the_nvidia_plugin_refuses() {
+    let file = "profiles/builtin/h100-mixed-sharing.yaml";
+    assert!(!gpu_share(&["validate", file]).status.success());
+    let out = gpu_share(&["validate", "--plugin", "dra", file]);
+    assert!(out.status.success(), "{}", stdout(&out));
+}
+
+/// Applying a profile with nothing to advertise the result would leave pods without GPUs.
+#[test]
+fn apply_and_agent_refuse_dra_until_slices_are_published() {
+    let apply = [
+        "apply",
+        "--plugin",
+        "dra",
+        "--profile",
+        "profiles/exclusive.yaml",
+    ];
+    let agent = ["agent", "--plugin", "dra", "--node-name", "worker-1"];
+    for args in [&apply[..], &agent[..]] {
+        let out = gpu_share(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            stderr(&out).contains("--plugin dra is not built yet"),
+            "{}",
+            stderr(&out)
+        );
+    }
+}

@@ -736,3 +736,13 @@ fn a_kubelet_without_its_pod_resources_socket_is_a_warning_at_device_plugin() {
     let (r, _) = node.doctor(&["--plugin", "builtin"]);
     assert_eq!(r.status("device-plugin"), "warn", "{}", r.0);
 }
+
+/// `--plugin dra` is planned only (docs/dra.md): with no device plugin to look for, the
+/// device-plugin check says so and skips rather than failing on the absent NVIDIA sockets.
+#[test]
+fn the_dra_plugin_is_skipped_at_device_plugin_with_the_reason() {
+    let node = Node::healthy(h100x2(), &[]);
+    let (r, _) = node.doctor(&["--plugin", "dra"]);
+    assert_eq!(r.status("device-plugin"), "skip", "{}", r.0);
+    assert!(r.said("device-plugin").contains("not built yet"), "{}", r.0);
+}

@@ -253,7 +253,8 @@ fn rule(i: usize, spec: Spec, devices: Vec<u32>) -> Rule {
 }
 
 /// Each GPU's spec. With the NVIDIA plugin every whole GPU of the node gets the one whole mode
-/// the node's pods need (idle ones too: the plugin shares all whole GPUs alike).
+/// the node's pods need (idle ones too: the plugin shares all whole GPUs alike); the built-in
+/// plugin and DRA take each GPU as it is.
 fn gpu_specs(node: &NodeState, plugin: PluginKind) -> Vec<Spec> {
     let has_mig = node
         .gpus
@@ -264,7 +265,7 @@ fn gpu_specs(node: &NodeState, plugin: PluginKind) -> Vec<Spec> {
         .iter()
         .map(|g| own_spec(g, node, has_mig, plugin))
         .collect();
-    if plugin == PluginKind::Builtin {
+    if plugin != PluginKind::Nvidia {
         return own;
     }
     let whole_in_use = node

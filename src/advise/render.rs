@@ -20,6 +20,7 @@ pub fn text(advice: &Advice) -> String {
         match advice.plugin {
             crate::sharing::PluginKind::Nvidia => "nvidia",
             crate::sharing::PluginKind::Builtin => "builtin",
+            crate::sharing::PluginKind::Dra => "dra",
         },
         t.unschedulable_pods, t.pods_evicted, t.instances_destroyed, t.gpus_used, t.gpus_idle
     );

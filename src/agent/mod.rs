@@ -239,6 +239,9 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 
 /// Run until SIGTERM/SIGINT.
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    if args.plugin == PluginKind::Dra {
+        anyhow::bail!("{}", crate::dra::NOT_PUBLISHED_YET);
+    }
     let config = kube::Config::infer()
         .await
         .context("cannot find the Kubernetes API (in-cluster config or KUBECONFIG)")?;

@@ -47,15 +47,42 @@ pub const DEFAULT_DIR: &str = "/var/lib/kubelet/device-plugins";
 pub const CONTAINER_MPS_ROOT: &str = "/mps";
 
 /// What the rules alone show the built-in plugin cannot do. It advertises exactly the plan's
-/// resources, so most profiles are fine; what remains is MPS: one control daemon per resource
-/// name has one default active-thread percentage.
+/// resources, so most profiles are fine; what remains is MPS ([`check_mps_daemons`]) and
+/// whole GPUs shared differently under one resource name (a warning).
 pub fn check_profile(name: &str, profile: &Profile) -> Vec<Problem> {
-    let modes: Vec<(usize, &Rule, Mode)> = profile
+    let mut problems = check_mps_daemons(name, profile);
+    let whole_kinds: BTreeSet<&str> = rule_modes(profile)
+        .iter()
+        .filter(|(_, _, m)| !matches!(m, Mode::Mig { .. }))
+        .map(|(_, _, m)| m.keyword())
+        .collect();
+    if whole_kinds.len() > 1 {
+        problems.push(Problem::warning(
+            name,
+            format!(
+                "whole GPUs are shared in different ways ({}) but advertised under one resource name, so a pod cannot choose which it gets; the built-in plugin keeps each container on one GPU and gives MPS settings only to containers placed on MPS GPUs",
+                whole_kinds.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+        ));
+    }
+    problems
+}
+
+fn rule_modes(profile: &Profile) -> Vec<(usize, &Rule, Mode<'_>)> {
+    profile
         .rules
         .iter()
         .enumerate()
         .filter_map(|(i, r)| r.mode().ok().map(|m| (i, r, m)))
-        .collect();
+        .collect()
+}
+
+/// What the MPS daemons gpu-share runs (`crate::mps::daemon`: one control daemon per resource
+/// name, one per MIG device inside MIG) cannot do, whichever plugin advertises the GPUs: whole
+/// MPS GPUs share one daemon, so one default active-thread percentage; MPS inside MIG has
+/// needs `validate` states.
+pub fn check_mps_daemons(name: &str, profile: &Profile) -> Vec<Problem> {
+    let modes = rule_modes(profile);
     let mut problems = Vec::new();
     let mut first_mps: Option<(usize, Option<i64>)> = None;
     for (i, rule, mode) in &modes {
@@ -82,20 +109,6 @@ pub fn check_profile(name: &str, profile: &Profile) -> Vec<Problem> {
         if let Mode::Mig { mps: Some(_), .. } = mode {
             problems.push(Problem::warning(name, MPS_ON_MIG_NEEDS).in_rule(*i, rule));
         }
-    }
-    let whole_kinds: BTreeSet<&str> = modes
-        .iter()
-        .filter(|(_, _, m)| !matches!(m, Mode::Mig { .. }))
-        .map(|(_, _, m)| m.keyword())
-        .collect();
-    if whole_kinds.len() > 1 {
-        problems.push(Problem::warning(
-            name,
-            format!(
-                "whole GPUs are shared in different ways ({}) but advertised under one resource name, so a pod cannot choose which it gets; the built-in plugin keeps each container on one GPU and gives MPS settings only to containers placed on MPS GPUs",
-                whole_kinds.into_iter().collect::<Vec<_>>().join(", ")
-            ),
-        ));
     }
     problems
 }

@@ -285,9 +285,13 @@ struct PlanArgs {
     /// The device plugin's current config file, to show what would change in it.
     #[arg(long, env = "GPU_SHARE_PLUGIN_CONFIG")]
     plugin_config: Option<PathBuf>,
-    /// The device plugin to plan for (`builtin`: no NVIDIA config, none of its refusals).
+    /// The device plugin to plan for (`builtin`: no NVIDIA config, none of its refusals;
+    /// `dra`: the ResourceSlices the node would publish instead).
     #[arg(long, value_enum, default_value_t = PluginKind::Nvidia)]
     plugin: PluginKind,
+    /// dra: the node's name, which names its pool and slices.
+    #[arg(long, env = "NODE_NAME", default_value = "node")]
+    node_name: String,
     #[command(flatten)]
     out: OutputArgs,
 }
@@ -328,6 +332,15 @@ enum SchemaOf {
     Profile,
     Demand,
     Supply,
+}
+
+/// `plan --plugin dra`: the plan and the slices that would publish it.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct DraPlan {
+    #[serde(flatten)]
+    plan: crate::plan::NodePlan,
+    resource_slices: Vec<crate::dra::api::ResourceSlice>,
 }
 
 /// Parse the command line and run; the exit code says whether problems were found.
@@ -426,6 +439,9 @@ fn init_logging(format: LogFormat) {
 const EXIT_RESET_REQUIRED: u8 = 3;
 
 fn run_apply(args: &ApplyArgs) -> Result<ExitCode> {
+    if args.plugin_kind.plugin == PluginKind::Dra {
+        bail!("{}", crate::dra::NOT_PUBLISHED_YET);
+    }
     let gpus = Gpus::open(args.nvml.nvml_lib.as_deref())?;
     let opts = ApplyOptions {
         state_dir: args.state_dir.clone(),
@@ -510,6 +526,19 @@ fn run_plan(args: &PlanArgs) -> Result<ExitCode> {
         ),
     };
     match plan_for(&named.name, &profile, &node, args.plugin) {
+        Ok(plan) if args.plugin == PluginKind::Dra => {
+            // Generation 1: a plan is what a first publication would be.
+            let resource_slices =
+                crate::dra::resource_slices(&args.node_name, 1, &plan.gpus, &node);
+            let dra = DraPlan {
+                plan,
+                resource_slices,
+            };
+            emit(args.out.output, &dra, |d| {
+                render::plan(&d.plan, simulated) + &render::resource_slices(&d.resource_slices)
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
         Ok(plan) => {
             let current = args
                 .plugin_config

@@ -232,6 +232,34 @@ fn compute_instances(p: &crate::mig::catalog::GpuInstanceProfile) -> String {
     cis.iter().map(entry).collect::<Vec<_>>().join(" ")
 }
 
+/// `plan --plugin dra`: per slice, its devices by sharing mode (`--output yaml` shows them whole).
+pub(super) fn resource_slices(slices: &[crate::dra::api::ResourceSlice]) -> String {
+    let mut out = format!(
+        "\nDRA ResourceSlices (driver {}, {} slice(s); --output yaml prints them):\n",
+        crate::dra::DRIVER,
+        slices.len()
+    );
+    for slice in slices {
+        let mut by_sharing: std::collections::BTreeMap<String, usize> = Default::default();
+        for device in &slice.spec.devices {
+            let sharing = (device.attributes.get("sharing"))
+                .and_then(|a| a.string.clone())
+                .unwrap_or_else(|| "?".into());
+            *by_sharing.entry(sharing).or_default() += 1;
+        }
+        let counts: Vec<String> = by_sharing.iter().map(|(s, n)| format!("{n} {s}")).collect();
+        let _ = writeln!(
+            out,
+            "  {}: {} device(s) ({}), {} counter set(s)",
+            slice.metadata.name.as_deref().unwrap_or("?"),
+            slice.spec.devices.len(),
+            counts.join(", "),
+            slice.spec.shared_counters.len()
+        );
+    }
+    out
+}
+
 /// The device-plugin config the plan would write, or its difference from the file there now.
 pub(super) fn plugin_config(
     plan: &NodePlan,

@@ -57,6 +57,9 @@ fn probe(path: &Path) -> Socket {
 }
 
 pub(super) fn check(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
+    if ctx.plugin == PluginKind::Dra {
+        return Check::skip(NAME, crate::dra::NOT_PUBLISHED_YET);
+    }
     let dir = &ctx.paths.device_plugin_dir;
     let kubelet = dir.join("kubelet.sock");
     let mut check = Check::new(NAME, "");

@@ -22,6 +22,7 @@ pub(super) fn check(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
     let file = match ctx.plugin {
         PluginKind::Nvidia => file,
         PluginKind::Builtin => format!("{file} --plugin builtin"),
+        PluginKind::Dra => format!("{file} --plugin dra"),
     };
     let profile = match &named.profile {
         Ok(p) => p,

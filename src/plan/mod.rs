@@ -132,7 +132,7 @@ pub fn plan_for(
                         .collect::<Vec<_>>()
                 })?,
         ),
-        PluginKind::Builtin => None,
+        PluginKind::Builtin | PluginKind::Dra => None,
     };
     let mut resources = BTreeMap::new();
     for g in &gpus {

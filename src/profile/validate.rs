@@ -53,6 +53,10 @@ pub fn validate_for(name: &str, profile: &Profile, plugin: PluginKind) -> Vec<Pr
     problems.extend(match plugin {
         PluginKind::Nvidia => crate::device_plugin::check_profile(name, profile),
         PluginKind::Builtin => crate::builtin_plugin::check_profile(name, profile),
+        // Each GPU (and MIG device) is its own DRA device with its own attributes: none of
+        // the NVIDIA plugin's node-wide restrictions applies, but the MPS daemons gpu-share
+        // runs are the same whichever plugin advertises their clients.
+        PluginKind::Dra => crate::builtin_plugin::check_mps_daemons(name, profile),
     });
     problems
 }

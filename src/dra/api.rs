@@ -1,0 +1,124 @@
+//! The resource.k8s.io/v1 ResourceSlice as serde structs, with the v1 API's field names.
+//!
+//! k8s-openapi 0.29 has these types only under its `v1_34` feature, and the workspace pins one
+//! version feature for every crate (`v1_33`, the oldest API server the agent supports; kube,
+//! kube-double and node-sim must agree). Moving the whole workspace to `v1_34` would drop 1.33
+//! clusters for every plugin mode, so this module carries the few fields gpu-share publishes.
+//! Field names and limits follow the API reference (k8s-openapi 0.29 `v1_34::api::resource::v1`
+//! docs of `ResourceSliceSpec`, `Device`, `CounterSet`, `DeviceCounterConsumption`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Serialize;
+
+/// `ResourceSliceSpec.devices`: "Must not have more than 128 entries."
+pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// `ResourceSliceSpec.sharedCounters`: "The maximum number of counters in all sets is 32."
+pub const MAX_SHARED_COUNTERS_PER_SLICE: usize = 32;
+/// `Device.consumesCounters`: "the total number in the entire ResourceSlice must be <= 1024".
+pub const MAX_CONSUMED_COUNTERS_PER_SLICE: usize = 1024;
+/// `Device`: "The maximum number of attributes and capacities combined is 32."
+pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceSlice {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub metadata: ObjectMeta,
+    pub spec: ResourceSliceSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceSliceSpec {
+    pub driver: String,
+    pub pool: ResourcePool,
+    pub node_name: String,
+    pub devices: Vec<Device>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shared_counters: Vec<CounterSet>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourcePool {
+    pub name: String,
+    pub generation: i64,
+    pub resource_slice_count: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Device {
+    /// A DNS label, unique in the pool.
+    pub name: String,
+    pub attributes: BTreeMap<String, DeviceAttribute>,
+    pub capacity: BTreeMap<String, DeviceCapacity>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub consumes_counters: Vec<DeviceCounterConsumption>,
+}
+
+/// Exactly one of the value fields set, as the API wants (`{int: 3}`, `{string: mig}`). A
+/// struct rather than an enum: serde_yaml would write an enum as a YAML tag (`!int 3`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct DeviceAttribute {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub int: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub string: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bool: Option<bool>,
+}
+
+impl DeviceAttribute {
+    pub fn int(value: i64) -> Self {
+        DeviceAttribute {
+            int: Some(value),
+            ..Self::default()
+        }
+    }
+
+    pub fn string(value: impl Into<String>) -> Self {
+        DeviceAttribute {
+            string: Some(value.into()),
+            ..Self::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeviceCapacity {
+    pub value: Quantity,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CounterSet {
+    /// A DNS label, unique in the slice.
+    pub name: String,
+    pub counters: BTreeMap<String, Counter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Counter {
+    pub value: Quantity,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceCounterConsumption {
+    pub counter_set: String,
+    pub counters: BTreeMap<String, Counter>,
+}
+
+/// A plain count as a quantity (`7`).
+pub fn count(n: u64) -> Quantity {
+    Quantity(n.to_string())
+}
+
+/// Mebibytes as a quantity (`81559Mi`).
+pub fn mebibytes(mib: u64) -> Quantity {
+    Quantity(format!("{mib}Mi"))
+}

@@ -1,0 +1,409 @@
+//! Dynamic Resource Allocation (issue 16, first slice): the resource.k8s.io/v1 ResourceSlices a
+//! node publishes for its planned GPUs. Pure: it turns the plan's GPUs into API objects;
+//! publishing them, the kubelet DRA plugin and CDI are not built yet (docs/dra.md).
+//!
+//! One device per thing a pod can be given, exactly the units `plan` advertises as extended
+//! resources: a whole exclusive GPU, a MIG device, or one share of a time-sliced or MPS GPU (or
+//! MIG device). All devices of a node are one pool named after the node, split into several
+//! slices when the API's per-slice limits ([`api::MAX_DEVICES_PER_SLICE`] and the counter limits)
+//! require it.
+//!
+//! Shared counters (KEP-4815) describe what is physically partitioned: a MIG GPU declares its
+//! compute and memory slices, and each unshared MIG device consumes its profile's slices, so the
+//! sums can never exceed the GPU. Shares (time-sliced or MPS, of a GPU or of a MIG device)
+//! consume no counter: time-slicing partitions nothing (each share sees the whole memory and
+//! every SM in turn), and MPS's thread percentage and pinned-memory limit are per-client caps
+//! the driver lets clients oversubscribe; a counter the scheduler enforces would refuse
+//! allocations the hardware allows. The shares are distinct devices, so none is handed out
+//! twice without counters.
+
+pub mod api;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::gpu::{ObservedGpu, ObservedNode};
+use crate::mig::{catalog, GpuModel, PlacedInstance};
+use crate::sharing::{GpuPlan, PlannedMode};
+use api::{
+    count, mebibytes, Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity,
+    DeviceCounterConsumption, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+
+/// The DRA driver name gpu-share publishes under (a DNS subdomain, as the API requires).
+pub const DRIVER: &str = "gpu.gpu-share.dev";
+
+/// Why `agent` and `apply` refuse `--plugin dra` for now: applying a profile with nothing to
+/// advertise the result would leave the node's GPUs unusable by pods.
+pub const NOT_PUBLISHED_YET: &str = "--plugin dra is not built yet beyond planning: nothing \
+publishes the ResourceSlices or serves the kubelet's DRA calls (docs/dra.md); `gpu-share plan \
+--plugin dra` shows the slices the node would publish";
+
+/// Counter names (DNS labels) in a MIG GPU's counter set.
+pub const COMPUTE_SLICES: &str = "compute-slices";
+pub const MEMORY_SLICES: &str = "memory-slices";
+
+/// The sharing mode a device is published with, as its `sharing` attribute.
+const EXCLUSIVE: &str = "exclusive";
+const MIG: &str = "mig";
+const MPS: &str = "mps";
+const TIME_SLICING: &str = "timeSlicing";
+
+/// The node's ResourceSlices for the planned `gpus`: one pool named `node_name`, at
+/// `generation` (the caller bumps it on every change), as many slices as the API limits need.
+/// `node` supplies what NVML knows (UUIDs, memory).
+pub fn resource_slices(
+    node_name: &str,
+    generation: i64,
+    gpus: &[GpuPlan],
+    node: &ObservedNode,
+) -> Vec<ResourceSlice> {
+    let groups: Vec<GpuDevices> = gpus
+        .iter()
+        .map(|plan| gpu_devices(plan, node.gpus.iter().find(|g| g.index == plan.index)))
+        .collect();
+    let packed = pack(groups);
+    let total = packed.len() as i64;
+    packed
+        .into_iter()
+        .enumerate()
+        .map(|(k, (devices, shared_counters))| ResourceSlice {
+            api_version: "resource.k8s.io/v1",
+            kind: "ResourceSlice",
+            metadata: ObjectMeta {
+                name: Some(format!("{node_name}-gpu-share-{k}")),
+                ..ObjectMeta::default()
+            },
+            spec: ResourceSliceSpec {
+                driver: DRIVER.to_string(),
+                pool: ResourcePool {
+                    name: node_name.to_string(),
+                    generation,
+                    resource_slice_count: total,
+                },
+                node_name: node_name.to_string(),
+                devices,
+                shared_counters,
+            },
+        })
+        .collect()
+}
+
+/// One GPU's devices, with the counter set they consume from (MIG GPUs only).
+struct GpuDevices {
+    devices: Vec<Device>,
+    counters: Option<CounterSet>,
+}
+
+/// Slices as (devices, counter sets): GPUs in order, a GPU with a counter set kept whole in one
+/// slice (the API resolves `consumesCounters` within the slice), a new slice started before any
+/// limit would be passed. A GPU without counters may spread over slices (its shares are
+/// independent devices).
+fn pack(groups: Vec<GpuDevices>) -> Vec<(Vec<Device>, Vec<CounterSet>)> {
+    let mut slices: Vec<(Vec<Device>, Vec<CounterSet>)> = vec![(Vec::new(), Vec::new())];
+    for group in groups {
+        if let Some(set) = group.counters {
+            let current = slices.last().expect("never empty");
+            let counters = declared_counters(&current.1) + set.counters.len();
+            let consumed = consumed_counters(&current.0) + consumed_counters(&group.devices);
+            if current.0.len() + group.devices.len() > api::MAX_DEVICES_PER_SLICE
+                || counters > api::MAX_SHARED_COUNTERS_PER_SLICE
+                || consumed > api::MAX_CONSUMED_COUNTERS_PER_SLICE
+            {
+                slices.push((Vec::new(), Vec::new()));
+            }
+            let current = slices.last_mut().expect("never empty");
+            current.1.push(set);
+            current.0.extend(group.devices);
+            continue;
+        }
+        for device in group.devices {
+            if slices.last().expect("never empty").0.len() == api::MAX_DEVICES_PER_SLICE {
+                slices.push((Vec::new(), Vec::new()));
+            }
+            slices.last_mut().expect("never empty").0.push(device);
+        }
+    }
+    slices
+}
+
+fn declared_counters(sets: &[CounterSet]) -> usize {
+    sets.iter().map(|s| s.counters.len()).sum()
+}
+
+fn consumed_counters(devices: &[Device]) -> usize {
+    devices
+        .iter()
+        .flat_map(|d| &d.consumes_counters)
+        .map(|c| c.counters.len())
+        .sum()
+}
+
+/// The devices of one planned GPU.
+fn gpu_devices(plan: &GpuPlan, observed: Option<&ObservedGpu>) -> GpuDevices {
+    let parent = Parent::new(plan, observed);
+    match &plan.mode {
+        PlannedMode::Exclusive => GpuDevices {
+            devices: vec![parent.whole_gpu()],
+            counters: None,
+        },
+        PlannedMode::TimeSlicing { replicas } => GpuDevices {
+            devices: parent.shares(&parent.whole_gpu(), TIME_SLICING, *replicas),
+            counters: None,
+        },
+        PlannedMode::Mps {
+            replicas,
+            active_thread_percentage,
+            pinned_memory_limit_mib,
+        } => {
+            let mut gpu = parent.whole_gpu();
+            mps_limits(
+                &mut gpu,
+                *active_thread_percentage,
+                *pinned_memory_limit_mib,
+            );
+            GpuDevices {
+                devices: parent.shares(&gpu, MPS, *replicas),
+                counters: None,
+            }
+        }
+        PlannedMode::Mig { replicas, mps, .. } => {
+            let instances = plan
+                .geometry
+                .as_ref()
+                .map(|g| g.target())
+                .unwrap_or_default();
+            let mut devices = Vec::new();
+            for instance in &instances {
+                let mut mig = parent.mig_device(instance);
+                if *replicas <= 1 {
+                    devices.push(mig);
+                    continue;
+                }
+                mig.consumes_counters.clear();
+                let sharing = match mps {
+                    Some(m) => {
+                        let pinned = m.pinned_memory_limit_mib.get(&instance.profile).copied();
+                        mps_limits(&mut mig, m.active_thread_percentage, pinned);
+                        MPS
+                    }
+                    None => TIME_SLICING,
+                };
+                devices.extend(parent.shares(&mig, sharing, *replicas));
+            }
+            let consumes = devices.iter().any(|d| !d.consumes_counters.is_empty());
+            GpuDevices {
+                devices,
+                counters: parent
+                    .model
+                    .filter(|_| consumes)
+                    .map(|m| mig_counter_set(plan.index, m)),
+            }
+        }
+    }
+}
+
+/// What a GPU's devices inherit from it.
+struct Parent<'a> {
+    index: u32,
+    product: &'a str,
+    model: Option<&'static GpuModel>,
+    observed: Option<&'a ObservedGpu>,
+}
+
+impl<'a> Parent<'a> {
+    fn new(plan: &'a GpuPlan, observed: Option<&'a ObservedGpu>) -> Self {
+        Parent {
+            index: plan.index,
+            product: &plan.product,
+            model: catalog().model_by_product(&plan.product),
+            observed,
+        }
+    }
+
+    /// The whole GPU, exclusive: `gpu-<index>`.
+    fn whole_gpu(&self) -> Device {
+        let mut device = self.device(format!("gpu-{}", self.index), EXCLUSIVE);
+        if let Some(uuid) = self.observed.and_then(|o| o.uuid.as_deref()) {
+            string(&mut device, "uuid", uuid);
+        }
+        if let Some(mib) = self.observed.and_then(|o| o.memory_mib) {
+            capacity(&mut device, "memory", mebibytes(mib));
+        }
+        device
+    }
+
+    /// A MIG device: `gpu-<index>-mig-<start>-<profile>`, consuming its slices of the GPU.
+    fn mig_device(&self, instance: &PlacedInstance) -> Device {
+        let name = format!(
+            "gpu-{}-mig-{}-{}",
+            self.index,
+            instance.placement.start,
+            dns_label_part(&instance.profile)
+        );
+        let mut device = self.device(name, MIG);
+        string(&mut device, "migProfile", &instance.profile);
+        int(
+            &mut device,
+            "migPlacementStart",
+            instance.placement.start.into(),
+        );
+        int(
+            &mut device,
+            "migPlacementSize",
+            instance.placement.size.into(),
+        );
+        if let Some(uuid) = self.mig_uuid(instance) {
+            string(&mut device, "uuid", uuid);
+        }
+        let profile = self.model.and_then(|m| m.profile(&instance.profile));
+        if let Some(mib) = profile.and_then(|p| p.memory_mib) {
+            capacity(&mut device, "memory", mebibytes(mib));
+        }
+        if let Some(p) = profile {
+            capacity(&mut device, "computeSlices", count(p.slice_count.into()));
+            device.consumes_counters.push(DeviceCounterConsumption {
+                counter_set: counter_set_name(self.index),
+                counters: BTreeMap::from([
+                    (COMPUTE_SLICES.to_string(), counter(p.slice_count.into())),
+                    (
+                        MEMORY_SLICES.to_string(),
+                        counter(instance.placement.size.into()),
+                    ),
+                ]),
+            });
+        }
+        device
+    }
+
+    /// The UUID of the MIG device at this placement, when it exists already (a kept instance).
+    fn mig_uuid(&self, instance: &PlacedInstance) -> Option<&'a str> {
+        let observed = self.observed?;
+        let gi = observed.instances.iter().find(|i| {
+            i.profile == instance.profile && i.placement == instance.placement && i.gi_id.is_some()
+        })?;
+        let devices = observed.mig_devices();
+        let found = devices.iter().find(|d| Some(d.gi_id) == gi.gi_id)?;
+        found.uuid
+    }
+
+    /// `replicas` shares of `base` (a whole GPU or a MIG device): `<base>-share-<k>`, each with
+    /// `base`'s attributes and capacity, `sharing` set and no counters consumed (module doc).
+    fn shares(&self, base: &Device, sharing: &str, replicas: u64) -> Vec<Device> {
+        (0..replicas)
+            .map(|k| {
+                let mut share = base.clone();
+                share.name = format!("{}-share-{k}", base.name);
+                share.consumes_counters.clear();
+                string(&mut share, "sharing", sharing);
+                int(&mut share, "shareIndex", k as i64);
+                int(&mut share, "replicas", replicas as i64);
+                // The shared device's UUID names the parent of every share: the GPU's, or the
+                // MIG device's (`migUUID`) beside the GPU's `parentUUID`.
+                if let Some(uuid) = share.attributes.remove("uuid") {
+                    let key = if share.attributes.contains_key("parentUUID") {
+                        "migUUID"
+                    } else {
+                        "parentUUID"
+                    };
+                    share.attributes.insert(key.into(), uuid);
+                }
+                share
+            })
+            .collect()
+    }
+
+    /// A device with the attributes every device of this GPU carries.
+    fn device(&self, name: String, sharing: &str) -> Device {
+        let mut device = Device {
+            name,
+            attributes: BTreeMap::new(),
+            capacity: BTreeMap::new(),
+            consumes_counters: Vec::new(),
+        };
+        string(&mut device, "sharing", sharing);
+        string(&mut device, "productName", self.product);
+        int(&mut device, "parentIndex", self.index.into());
+        if let Some(model) = self.model {
+            string(&mut device, "model", &model.key);
+        }
+        if sharing != EXCLUSIVE {
+            if let Some(uuid) = self.observed.and_then(|o| o.uuid.as_deref()) {
+                string(&mut device, "parentUUID", uuid);
+            }
+        }
+        device
+    }
+}
+
+/// MPS limits on a device about to be shared: attributes a selector can match on, and the
+/// pinned-memory limit as the share's memory capacity.
+fn mps_limits(device: &mut Device, active_thread_percentage: Option<u32>, pinned_mib: Option<u64>) {
+    if let Some(pct) = active_thread_percentage {
+        int(device, "mpsActiveThreadPercentage", pct.into());
+    }
+    if let Some(mib) = pinned_mib {
+        int(device, "mpsPinnedMemoryLimitMiB", mib as i64);
+        capacity(device, "memory", mebibytes(mib));
+    }
+}
+
+/// A MIG GPU's counters: every compute and memory slice the model has.
+fn mig_counter_set(index: u32, model: &GpuModel) -> CounterSet {
+    CounterSet {
+        name: counter_set_name(index),
+        counters: BTreeMap::from([
+            (
+                COMPUTE_SLICES.to_string(),
+                counter(model.compute_slices.into()),
+            ),
+            (
+                MEMORY_SLICES.to_string(),
+                counter(model.memory_slots.into()),
+            ),
+        ]),
+    }
+}
+
+fn counter_set_name(index: u32) -> String {
+    format!("gpu-{index}")
+}
+
+fn counter(n: u64) -> Counter {
+    Counter { value: count(n) }
+}
+
+fn string(device: &mut Device, name: &str, value: &str) {
+    device
+        .attributes
+        .insert(name.into(), DeviceAttribute::string(value));
+}
+
+fn int(device: &mut Device, name: &str, value: i64) {
+    device
+        .attributes
+        .insert(name.into(), DeviceAttribute::int(value));
+}
+
+fn capacity(
+    device: &mut Device,
+    name: &str,
+    value: k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+) {
+    device
+        .capacity
+        .insert(name.into(), DeviceCapacity { value });
+}
+
+/// A MIG profile as part of a DNS label: `1g.10gb+me` → `1g-10gb-me`.
+fn dns_label_part(profile: &str) -> String {
+    profile
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,358 @@
+//! The slices' shape against the API's rules (k8s-openapi 0.29 `v1_34::api::resource::v1`
+//! docs: DNS-label names, at most 128 devices and 32 shared counters per slice, at most 32
+//! attributes and capacities per device, string attributes of at most 64 characters) and
+//! against what `plan` advertises.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::api::{ResourceSlice, MAX_ATTRIBUTES_AND_CAPACITIES, MAX_DEVICES_PER_SLICE};
+use super::*;
+use crate::plan::{plan_for, NodePlan};
+use crate::profile::parse_profile;
+use crate::sharing::PluginKind;
+
+/// Every example profile with a node it plans on: all on 8 × H100 but the H200 one (its MIG
+/// profiles exist only on the H200), and each on the node it is written for (tests/cli.rs).
+const CASES: &[(&str, &str)] = &[
+    ("profiles/h100-inference.yaml", "h100x8"),
+    ("profiles/h100-balanced.yaml", "h100x8"),
+    ("profiles/h100-mps.yaml", "h100x8"),
+    ("profiles/exclusive.yaml", "h100x8"),
+    ("profiles/homelab-timeslice.yaml", "h100x8"),
+    ("profiles/a100-40gb-mixed.yaml", "h100x8"),
+    ("profiles/a100-80gb-single.yaml", "h100x8"),
+    ("profiles/builtin/h100-mixed-sharing.yaml", "h100x8"),
+    ("profiles/builtin/h100-mps-in-mig.yaml", "h100x8"),
+    ("profiles/a100-40gb-mixed.yaml", "a100-40gbx8"),
+    ("profiles/a100-80gb-single.yaml", "a100-80gbx4"),
+    ("profiles/h200-mig-timeslice.yaml", "h200x8"),
+    (
+        "profiles/homelab-timeslice.yaml",
+        "NVIDIA GeForce RTX 3090x2",
+    ),
+];
+
+fn planned(profile_text: &str, gpus: &str) -> (NodePlan, ObservedNode) {
+    let profile = parse_profile("p", profile_text).unwrap();
+    let node = ObservedNode::simulated(&[gpus.to_string()]);
+    let plan =
+        plan_for("p", &profile, &node, PluginKind::Dra).unwrap_or_else(|e| panic!("{gpus}: {e:?}"));
+    (plan, node)
+}
+
+fn example(file: &str, gpus: &str) -> (NodePlan, Vec<ResourceSlice>) {
+    let path = format!("{}/{file}", env!("CARGO_MANIFEST_DIR"));
+    let (plan, node) = planned(&std::fs::read_to_string(&path).unwrap(), gpus);
+    let slices = resource_slices("node-a", 7, &plan.gpus, &node);
+    (plan, slices)
+}
+
+fn devices(slices: &[ResourceSlice]) -> impl Iterator<Item = &Device> {
+    slices.iter().flat_map(|s| &s.spec.devices)
+}
+
+fn sharing(device: &Device) -> &str {
+    device.attributes["sharing"].string.as_deref().unwrap()
+}
+
+/// RFC 1123 label, as the API checks device and counter names.
+fn is_dns_label(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !name.is_empty()
+        && name.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+}
+
+/// Attribute and capacity names without a domain are C identifiers (API reference).
+fn is_c_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+#[test]
+fn device_counts_match_the_plans_resources_for_every_example_profile() {
+    for (file, gpus) in CASES {
+        let (plan, slices) = example(file, gpus);
+        let advertised: u64 = plan.resources.values().sum();
+        assert_eq!(
+            devices(&slices).count() as u64,
+            advertised,
+            "{file} on {gpus}: {:?}",
+            plan.resources
+        );
+        let mig_resources: u64 = (plan.resources.iter())
+            .filter(|(r, _)| r.starts_with("nvidia.com/mig-"))
+            .map(|(_, n)| n)
+            .sum();
+        let mig_devices = devices(&slices)
+            .filter(|d| d.attributes.contains_key("migProfile"))
+            .count() as u64;
+        if plan.mig_strategy == crate::profile::MigStrategy::Mixed {
+            assert_eq!(mig_devices, mig_resources, "{file} on {gpus}");
+        }
+    }
+}
+
+#[test]
+fn names_are_dns_labels_unique_in_the_pool_and_attributes_fit_the_api() {
+    for (file, gpus) in CASES {
+        let (_, slices) = example(file, gpus);
+        let mut names = BTreeSet::new();
+        for device in devices(&slices) {
+            assert!(is_dns_label(&device.name), "{file}: {}", device.name);
+            assert!(names.insert(&device.name), "{file}: {} twice", device.name);
+            assert!(
+                device.attributes.len() + device.capacity.len() <= MAX_ATTRIBUTES_AND_CAPACITIES
+            );
+            for (name, value) in &device.attributes {
+                assert!(is_c_identifier(name), "{file}: attribute {name}");
+                let set = [
+                    value.int.is_some(),
+                    value.string.is_some(),
+                    value.bool.is_some(),
+                ];
+                assert_eq!(set.iter().filter(|s| **s).count(), 1, "{name}: {value:?}");
+                assert!(
+                    value.string.as_ref().is_none_or(|s| s.len() <= 64),
+                    "{name}"
+                );
+            }
+            for name in device.capacity.keys() {
+                assert!(is_c_identifier(name), "{file}: capacity {name}");
+            }
+        }
+        for slice in &slices {
+            for set in &slice.spec.shared_counters {
+                assert!(is_dns_label(&set.name), "{}", set.name);
+                assert!(set.counters.keys().all(|c| is_dns_label(c)));
+            }
+        }
+    }
+}
+
+/// `1g.10gb+me` (a profile with a `+`) still gives a DNS label.
+#[test]
+fn a_mig_profile_becomes_part_of_a_dns_label() {
+    assert_eq!(dns_label_part("1g.10gb+me"), "1g-10gb-me");
+    assert!(is_dns_label(&format!(
+        "gpu-15-mig-6-{}-share-1023",
+        dns_label_part("1g.10gb+me")
+    )));
+}
+
+fn counter_value(counter: &Counter) -> u64 {
+    counter.value.0.parse().expect("counters are plain counts")
+}
+
+/// No device consumes a counter its slice does not declare, and the consumption of each
+/// counter, summed over the slice's devices, stays within it.
+fn assert_counters_consistent(context: &str, slices: &[ResourceSlice]) {
+    for slice in slices {
+        let declared: BTreeMap<(&str, &str), u64> = (slice.spec.shared_counters.iter())
+            .flat_map(|set| {
+                (set.counters.iter())
+                    .map(|(c, v)| ((set.name.as_str(), c.as_str()), counter_value(v)))
+            })
+            .collect();
+        assert!(
+            declared.len() <= api::MAX_SHARED_COUNTERS_PER_SLICE,
+            "{context}"
+        );
+        let mut used: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+        for device in &slice.spec.devices {
+            for consumption in &device.consumes_counters {
+                for (c, v) in &consumption.counters {
+                    let key = (consumption.counter_set.as_str(), c.as_str());
+                    assert!(
+                        declared.contains_key(&key),
+                        "{context}: {} uses {key:?}",
+                        device.name
+                    );
+                    *used.entry(key).or_default() += counter_value(v);
+                }
+            }
+        }
+        for (key, sum) in used {
+            assert!(
+                sum <= declared[&key],
+                "{context}: {key:?} {sum} > {}",
+                declared[&key]
+            );
+        }
+    }
+}
+
+#[test]
+fn counters_are_declared_where_consumed_and_never_oversubscribed() {
+    for (file, gpus) in CASES {
+        let (_, slices) = example(file, gpus);
+        assert_counters_consistent(&format!("{file} on {gpus}"), &slices);
+    }
+    // Unshared MIG devices consume their GPU's slices; shares of any kind consume none.
+    let (_, slices) = example("profiles/builtin/h100-mixed-sharing.yaml", "h100x8");
+    for device in devices(&slices) {
+        assert_eq!(
+            !device.consumes_counters.is_empty(),
+            sharing(device) == "mig",
+            "{}",
+            device.name
+        );
+    }
+    let sets: Vec<&str> = (slices.iter().flat_map(|s| &s.spec.shared_counters))
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(sets, ["gpu-0", "gpu-1"]);
+}
+
+const TIME_SLICED_48: &str =
+    "version: v1\nrules:\n  - devices: all\n    timeSlicing: {replicas: 48}\n";
+
+#[test]
+fn more_than_128_devices_split_into_several_slices_of_one_pool() {
+    let (plan, node) = planned(TIME_SLICED_48, "h100x8");
+    let slices = resource_slices("node-a", 3, &plan.gpus, &node);
+    // 8 × 48 = 384 shares: three full slices.
+    assert_eq!(slices.len(), 3);
+    for slice in &slices {
+        assert_eq!(slice.spec.devices.len(), MAX_DEVICES_PER_SLICE);
+        assert_eq!(slice.spec.pool.name, "node-a");
+        assert_eq!(slice.spec.pool.generation, 3);
+        assert_eq!(slice.spec.pool.resource_slice_count, 3);
+        assert_eq!(slice.spec.node_name, "node-a");
+        assert_eq!(slice.spec.driver, DRIVER);
+    }
+    let names: BTreeSet<_> = slices
+        .iter()
+        .filter_map(|s| s.metadata.name.clone())
+        .collect();
+    assert_eq!(names.len(), 3, "slice names are distinct: {names:?}");
+    let devices: BTreeSet<_> = devices(&slices).map(|d| d.name.clone()).collect();
+    assert_eq!(devices.len(), 384);
+}
+
+#[test]
+fn a_mig_gpu_stays_whole_in_one_slice_with_its_counters() {
+    // GPUs 0-7: 128 time-sliced shares fill the first slice; GPUs 8-15 are MIG.
+    let profile = "version: v1\nplugin: {migStrategy: mixed}\nrules:\n  - devices: [\"0-7\"]\n    timeSlicing: {replicas: 15}\n  - devices: [\"8-15\"]\n    mig: {1g.10gb: 7}\n";
+    let (plan, node) = planned(profile, "h100x16");
+    let slices = resource_slices("node-a", 1, &plan.gpus, &node);
+    assert_counters_consistent("16 GPUs", &slices);
+    assert_eq!(slices.len(), 2);
+    // 8 × 15 = 120 shares, and GPU 8's seven MIG devices fit (127); GPU 9's seven would pass
+    // 128, and are not split to fill the last place: GPU 9 starts slice 2 with its counters.
+    assert_eq!(slices[0].spec.devices.len(), 127);
+    let sets = |k: usize| -> Vec<&str> {
+        (slices[k].spec.shared_counters.iter())
+            .map(|s| s.name.as_str())
+            .collect()
+    };
+    assert_eq!(sets(0), ["gpu-8"]);
+    assert_eq!(slices[1].spec.devices.len(), 49);
+    assert_eq!(
+        sets(1),
+        ["gpu-9", "gpu-10", "gpu-11", "gpu-12", "gpu-13", "gpu-14", "gpu-15"]
+    );
+    assert!(slices.iter().all(|s| s.spec.pool.resource_slice_count == 2));
+}
+
+#[test]
+fn uuids_name_each_device_or_the_gpu_its_shares_come_from() {
+    let profile = "version: v1\nrules:\n  - devices: [0]\n    timeSlicing: {replicas: 2}\n";
+    let (plan, mut node) = planned(profile, "h100x2");
+    for gpu in &mut node.gpus {
+        gpu.uuid = Some(format!("GPU-{}", gpu.index));
+    }
+    let slices = resource_slices("n", 1, &plan.gpus, &node);
+    let by_name: BTreeMap<&str, &Device> = devices(&slices).map(|d| (d.name.as_str(), d)).collect();
+    let attr = |device: &str, name: &str| {
+        by_name[device]
+            .attributes
+            .get(name)
+            .and_then(|a| a.string.clone())
+    };
+    assert_eq!(
+        attr("gpu-0-share-1", "parentUUID").as_deref(),
+        Some("GPU-0")
+    );
+    assert_eq!(attr("gpu-0-share-1", "uuid"), None);
+    assert_eq!(
+        attr("gpu-0-share-1", "sharing").as_deref(),
+        Some("timeSlicing")
+    );
+    assert_eq!(attr("gpu-1", "uuid").as_deref(), Some("GPU-1"));
+    assert_eq!(attr("gpu-1", "sharing").as_deref(), Some("exclusive"));
+}
+
+#[test]
+fn a_kept_mig_device_carries_its_uuid_and_a_new_one_only_its_parents() {
+    use crate::gpu::ObservedComputeInstance;
+    use crate::mig::{ExistingInstance, Placement};
+    let text = "version: v1\nplugin: {migStrategy: mixed}\nrules:\n  - devices: all\n    mig: {3g.40gb: 2}\n";
+    let profile = parse_profile("p", text).unwrap();
+    let mut node = ObservedNode::simulated(&["h100x1".to_string()]);
+    let gpu = &mut node.gpus[0];
+    gpu.uuid = Some("GPU-0".into());
+    gpu.mig = Some(crate::gpu::MigMode {
+        current: true,
+        pending: true,
+    });
+    gpu.instances = vec![ExistingInstance {
+        profile: "3g.40gb".into(),
+        placement: Placement { start: 4, size: 4 },
+        gi_id: Some(2),
+    }];
+    gpu.compute_instances = vec![ObservedComputeInstance {
+        gi_id: 2,
+        ci_id: 0,
+        profile_id: 2,
+        uuid: Some("MIG-kept".into()),
+    }];
+    let plan = plan_for("p", &profile, &node, PluginKind::Dra).unwrap();
+    let slices = resource_slices("n", 1, &plan.gpus, &node);
+    let attr = |device: &str, name: &str| {
+        let d = devices(&slices).find(|d| d.name == device).unwrap();
+        d.attributes.get(name).and_then(|a| a.string.clone())
+    };
+    assert_eq!(
+        attr("gpu-0-mig-4-3g-40gb", "uuid").as_deref(),
+        Some("MIG-kept")
+    );
+    assert_eq!(attr("gpu-0-mig-0-3g-40gb", "uuid"), None);
+    for device in ["gpu-0-mig-0-3g-40gb", "gpu-0-mig-4-3g-40gb"] {
+        assert_eq!(attr(device, "parentUUID").as_deref(), Some("GPU-0"));
+        assert_eq!(attr(device, "sharing").as_deref(), Some("mig"));
+    }
+}
+
+/// DRA lifts the plugins' resource-name limits, not the MPS daemons': whole MPS GPUs share one
+/// control daemon with one default thread percentage (`crate::mps::daemon`), so two MPS rules
+/// that differ in it are still refused; whole GPUs shared differently are fine (their devices
+/// say which is which), with no warning.
+#[test]
+fn validate_for_dra_keeps_the_mps_daemon_rule_and_drops_the_resource_name_warning() {
+    let differing = "version: v1\nrules:\n  - devices: [0]\n    mps: {replicas: 2, activeThreadPercentage: 50}\n  - devices: [1]\n    mps: {replicas: 2, activeThreadPercentage: 25}\n";
+    let profile = parse_profile("p", differing).unwrap();
+    let problems = crate::profile::validate_for("p", &profile, PluginKind::Dra);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.is_error() && p.to_string().contains("activeThreadPercentage")),
+        "{problems:?}"
+    );
+    let mixed = "version: v1\nrules:\n  - devices: [0]\n    mps: {replicas: 2}\n  - devices: [1]\n    timeSlicing: {replicas: 2}\n";
+    let profile = parse_profile("p", mixed).unwrap();
+    let problems = crate::profile::validate_for("p", &profile, PluginKind::Dra);
+    assert!(problems.is_empty(), "{problems:?}");
+    // The built-in plugin warns about the same profile: one resource name for both kinds.
+    let builtin = crate::profile::validate_for("p", &profile, PluginKind::Builtin);
+    assert!(builtin
+        .iter()
+        .any(|p| p.to_string().contains("one resource name")));
+}
