@@ -6,6 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use gpu_share::plan::{plan_for, ObservedNode};
+use gpu_share::profile::parse_profile;
+use gpu_share::sharing::PluginKind;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube_double::EvictionOutcome;
 use node_sim::{
@@ -84,9 +87,7 @@ fn first_profile(world: &World, show: &Show) -> anyhow::Result<()> {
         .set_node_label(NODE, PROFILE_LABEL, Some("inference-small"));
     wait_applied(world, show, "inference-small", INFERENCE_SMALL)?;
     step.report(world, show);
-    wait(show, "56 × mig-1g.10gb advertised", 15, || {
-        advertised(world, "nvidia.com/mig-1g.10gb") == 56
-    })?;
+    wait_advertised(world, show, "inference-small", INFERENCE_SMALL)?;
     allocatable(world, show, "now advertised");
     Ok(())
 }
@@ -136,9 +137,7 @@ fn change_profile(world: &World, show: &Show) -> anyhow::Result<()> {
     show.line("demo: the tenant relaxes its budget (PDB deleted)");
     wait_applied(world, show, "inference-mixed", INFERENCE_MIXED)?;
     step.report(world, show);
-    wait(show, "the new devices advertised", 15, || {
-        advertised(world, "nvidia.com/mig-3g.40gb") == 4
-    })?;
+    wait_advertised(world, show, "inference-mixed", INFERENCE_MIXED)?;
     allocatable(world, show, "now advertised");
     Ok(())
 }
@@ -181,9 +180,12 @@ fn edit_configmap(world: &World, show: &Show) -> anyhow::Result<()> {
         INFERENCE_MIXED_EDITED,
     )?;
     step.report(world, show);
-    wait(show, "the new devices advertised", 15, || {
-        advertised(world, "nvidia.com/mig-3g.40gb") == 2
-    })?;
+    wait_advertised(
+        world,
+        show,
+        "inference-mixed (edited)",
+        INFERENCE_MIXED_EDITED,
+    )?;
     allocatable(world, show, "now advertised");
     Ok(())
 }
@@ -382,17 +384,39 @@ fn blocked(world: &World) -> Option<String> {
         })
 }
 
-fn advertised(world: &World, resource: &str) -> u64 {
+/// Wait until the Node's allocatable is exactly what the plan of `text` advertises: every
+/// resource of the new layout, not only the first one the kubelet heard of (each resource has
+/// its own plugin socket and ListAndWatch stream, so their updates arrive one by one).
+fn wait_advertised(world: &World, show: &Show, name: &str, text: &str) -> anyhow::Result<()> {
+    let expected = planned_resources(name, text)?;
+    wait(
+        show,
+        &format!("the devices of {name} advertised"),
+        15,
+        || advertised(world) == expected,
+    )
+}
+
+/// The resources the agent's plan advertises for `text` on this node's 8 × H100.
+fn planned_resources(name: &str, text: &str) -> anyhow::Result<BTreeMap<String, u64>> {
+    let profile = parse_profile(name, text).map_err(|p| anyhow::anyhow!("{p}"))?;
+    let node = ObservedNode::simulated(&["h100x8".to_string()]);
+    let plan = plan_for(name, &profile, &node, PluginKind::Builtin)
+        .map_err(|p| anyhow::anyhow!("profile {name} does not plan: {p:?}"))?;
+    Ok(plan.resources)
+}
+
+/// The node's `nvidia.com/*` allocatable, resources at 0 left out.
+fn advertised(world: &World) -> BTreeMap<String, u64> {
     gpu_allocatable(&world.api, NODE)
-        .get(resource)
-        .copied()
-        .unwrap_or(0)
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect()
 }
 
 fn allocatable(world: &World, show: &Show, what: &str) {
-    let list: Vec<String> = gpu_allocatable(&world.api, NODE)
+    let list: Vec<String> = advertised(world)
         .into_iter()
-        .filter(|(_, n)| *n > 0)
         .map(|(r, n)| format!("{r}: {n}"))
         .collect();
     let list = if list.is_empty() {
