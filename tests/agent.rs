@@ -192,6 +192,38 @@ fn an_edited_configmap_key_is_applied_and_an_invalid_one_changes_nothing() {
     assert!(!unschedulable(&api, "gpu-2"));
 }
 
+/// Each profile applied gets an Event that names it. kube-runtime's Recorder folds events of
+/// the same type, action and reason into one series and keeps the first note: with a fixed
+/// action the second `Applied` still said "profile h100-balanced applied".
+#[test]
+fn each_applied_profile_has_an_event_naming_it() {
+    let api = Arc::new(KubeDouble::start());
+    configmap(&api);
+    let node = balanced_node(&api, "gpu-8", &[]);
+    api.set_node_label("gpu-8", PROFILE_LABEL, Some("h100-inference"));
+    wait_applied(&api, &node, "h100-inference", Duration::from_secs(30));
+    let applied_notes = |a: &KubeDouble| -> Vec<String> {
+        a.events()
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("Applied"))
+            .filter_map(|e| e.note)
+            .collect()
+    };
+    assert!(
+        api.wait_until(Duration::from_secs(10), |a| {
+            let notes = applied_notes(a);
+            notes
+                .iter()
+                .any(|n| n.contains("profile h100-balanced applied"))
+                && notes
+                    .iter()
+                    .any(|n| n.contains("profile h100-inference applied"))
+        }),
+        "Applied events: {:?}",
+        applied_notes(&api)
+    );
+}
+
 #[test]
 fn a_pdb_blocks_the_drain_then_allows_it_and_a_restarted_agent_finishes() {
     let api = Arc::new(KubeDouble::start());
@@ -206,6 +238,21 @@ fn a_pdb_blocks_the_drain_then_allows_it_and_a_restarted_agent_finishes() {
         .iter()
         .any(|e| e.code == 429)));
     assert!(unschedulable(&api, "gpu-3"), "cordoned while draining");
+    // The wait is said where an operator looks, on the Node's Events, naming pod and budget.
+    assert!(
+        api.wait_until(Duration::from_secs(10), |a| a.events().iter().any(|e| {
+            e.reason.as_deref() == Some("EvictionBlocked")
+                && e.type_.as_deref() == Some("Warning")
+                && e.note.as_deref().is_some_and(|n| {
+                    n.contains("default/guarded") && n.contains("PodDisruptionBudget")
+                })
+        })),
+        "no EvictionBlocked event: {:?}",
+        api.events()
+            .iter()
+            .map(|e| (e.reason.clone(), e.note.clone()))
+            .collect::<Vec<_>>()
+    );
     let cordon_reason = annotation(&api, "gpu-3", CORDONED).unwrap();
     assert!(cordon_reason.contains("h100-inference"), "{cordon_reason}");
 

@@ -97,6 +97,10 @@ fn the_demo_tells_the_whole_agent_story_and_exits_zero() {
     has_prefix(change, "agent state while blocked: draining (");
     has_prefix(
         change,
+        "event EvictionBlocked: waiting for the eviction of default/tenant-c: blocked by a PodDisruptionBudget",
+    );
+    has_prefix(
+        change,
         "agent log: gpu_share::agent::drain: eviction refused; waiting and retrying pod=default/tenant-c",
     );
     let blocked: f64 = change

@@ -109,7 +109,10 @@ impl Disturbed {
 
 /// Evict the pods behind the disturbed PIDs and the pods holding a disturbed device, and wait
 /// until they and the processes are gone. `still_running` re-reads NVML and returns which of
-/// the PIDs still run.
+/// the PIDs still run. `on_blocked` hears, once per pod and reason, that an eviction is
+/// refused and the drain waits (`namespace/name: why`), so the agent can say so on the Node's
+/// Events while it waits, not only in its log.
+#[allow(clippy::too_many_arguments)]
 pub async fn drain<F, Fut>(
     client: kube::Client,
     eviction_client: kube::Client,
@@ -118,6 +121,7 @@ pub async fn drain<F, Fut>(
     settings: &DrainSettings,
     metrics: &Metrics,
     still_running: F,
+    on_blocked: &(dyn Fn(&str) + Sync),
 ) -> Result<usize, DrainError>
 where
     F: Fn(Vec<u32>) -> Fut,
@@ -174,6 +178,7 @@ where
                     // drain that does not move wants the budget's name now.
                     if blocked.get(&t) != Some(&why) {
                         info!(pod = %t, %why, "eviction refused; waiting and retrying");
+                        on_blocked(&format!("{t}: {why}"));
                     }
                     blocked.insert(t, why);
                 }

@@ -394,11 +394,12 @@ async fn start_up_checks(args: &AgentArgs, reconciler: &Reconciler) -> Result<()
     } else {
         (kube::runtime::events::EventType::Normal, "GpuStackChecked")
     };
+    let note = summary.join("; ");
     let event = kube::runtime::events::Event {
         type_,
         reason: reason.into(),
-        note: Some(summary.join("; ")),
-        action: "Doctor".into(),
+        action: reconcile::event_action("Doctor", &note),
+        note: Some(note),
         secondary: None,
     };
     if let Err(e) = reconciler

@@ -394,6 +394,13 @@ impl Reconciler {
                 &self.drain,
                 &self.metrics,
                 move |pids| still_running(gpus.clone(), pids),
+                &|blocked| {
+                    self.event_in_background(
+                        EventType::Warning,
+                        "EvictionBlocked",
+                        &format!("waiting for the eviction of {blocked}; retrying until the drain timeout"),
+                    )
+                },
             )
             .await
             .map_err(|e| failed("DrainTimeout", e))?;
@@ -690,13 +697,23 @@ async fn still_running(gpus: SharedGpus, pids: Vec<u32>) -> Vec<u32> {
 }
 
 fn reconcile_event(type_: EventType, reason: &str, note: &str) -> Event {
+    let note: String = note.chars().take(1000).collect();
     Event {
         type_,
         reason: reason.to_string(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "Reconcile".into(),
+        action: event_action("Reconcile", &note),
+        note: Some(note),
         secondary: None,
     }
+}
+
+/// The Event's `action`: `what` and a short hash of the note. kube-runtime's Recorder folds
+/// events with the same type, action and reason into one series and keeps the first note, so
+/// with a fixed action a second `Applied` (another profile) showed the first one's note. With
+/// the note's hash in the action, only repeats of the same message become a series (as
+/// client-go's correlator, which keys on the message too).
+pub fn event_action(what: &str, note: &str) -> String {
+    format!("{what}-{:.12}", content_hash(note))
 }
 
 fn invalid(problems: &[Problem]) -> Outcome {
