@@ -1315,6 +1315,15 @@ fn rbac_grants_exactly_what_the_agent_uses_and_the_policy_admits_its_node_writes
         api.wait_until(Duration::from_secs(20), |a| label(a, node, STATE_LABEL)
             .is_none())
     );
+    // The same profile again: its `Applied` Event repeats word for word, which the Recorder
+    // PATCHes into the first one's series (events.k8s.io patch).
+    api.set_node_label(node, PROFILE_LABEL, Some("h100-inference"));
+    wait_applied(&api, &sim, "h100-inference", Duration::from_secs(40));
+    api.set_node_label(node, PROFILE_LABEL, None);
+    assert!(
+        api.wait_until(Duration::from_secs(20), |a| label(a, node, STATE_LABEL)
+            .is_none())
+    );
     std::thread::sleep(Duration::from_millis(500));
     let requests = api.requests();
     drop(sim);
