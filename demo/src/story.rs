@@ -224,7 +224,9 @@ struct Step {
     started: Instant,
     states: usize,
     evictions: usize,
-    events: usize,
+    /// The Events already there, name → resourceVersion: the step reports the new ones and
+    /// those repeated since (a word-for-word repeat is PATCHed into the first one's series).
+    events: BTreeMap<String, String>,
     mutations: usize,
     instances: BTreeSet<Instance>,
     pods: BTreeMap<String, Instance>,
@@ -236,7 +238,7 @@ impl Step {
             started: Instant::now(),
             states: world.mark(),
             evictions: world.api.evictions().len(),
-            events: world.api.events().len(),
+            events: event_names(world),
             mutations: world.node.mutations().len(),
             instances: instances(world),
             pods: pods_on_instances(world),
@@ -257,7 +259,12 @@ impl Step {
             show.line(&format!("reason: {}", shorten(&last.reason)));
         }
         self.report_evictions(world, show);
-        for e in &world.api.events()[self.events..] {
+        let events = world.api.events();
+        let new = events.iter().filter(|e| {
+            let name = e.metadata.name.as_deref().unwrap_or("");
+            self.events.get(name) != e.metadata.resource_version.as_ref()
+        });
+        for e in new {
             show.line(&format!(
                 "event {}: {}",
                 e.reason.as_deref().unwrap_or(""),
@@ -382,6 +389,16 @@ fn blocked(world: &World) -> Option<String> {
             EvictionOutcome::Blocked { message, .. } if e.pod == "tenant-c" => Some(message),
             _ => None,
         })
+}
+
+/// The Events at the API double now, name → resourceVersion.
+fn event_names(world: &World) -> BTreeMap<String, String> {
+    world
+        .api
+        .events()
+        .into_iter()
+        .filter_map(|e| Some((e.metadata.name?, e.metadata.resource_version?)))
+        .collect()
 }
 
 /// Wait until the Node's allocatable is exactly what the plan of `text` advertises: every

@@ -99,6 +99,12 @@ fn the_demo_tells_the_whole_agent_story_and_exits_zero() {
         change,
         "event EvictionBlocked: waiting for the eviction of default/tenant-c: blocked by a PodDisruptionBudget",
     );
+    // The chapter's own Events, naming its profile (not the first profile's words again).
+    has_prefix(
+        change,
+        "event Cordoned: gpu-share: reconfiguring MIG for profile inference-mixed",
+    );
+    has_prefix(change, "event Applied: profile inference-mixed applied");
     has_prefix(
         change,
         "agent log: gpu_share::agent::drain: eviction refused; waiting and retrying pod=default/tenant-c",
