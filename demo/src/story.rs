@@ -85,7 +85,7 @@ fn first_profile(world: &World, show: &Show) -> anyhow::Result<()> {
     world
         .api
         .set_node_label(NODE, PROFILE_LABEL, Some("inference-small"));
-    wait_applied(world, show, "inference-small", INFERENCE_SMALL)?;
+    wait_applied(world, show, &step, "inference-small", INFERENCE_SMALL)?;
     step.report(world, show);
     wait_advertised(world, show, "inference-small", INFERENCE_SMALL)?;
     allocatable(world, show, "now advertised");
@@ -135,7 +135,7 @@ fn change_profile(world: &World, show: &Show) -> anyhow::Result<()> {
         .api
         .remove::<PodDisruptionBudget>(Some("default"), "tenant-c-budget");
     show.line("demo: the tenant relaxes its budget (PDB deleted)");
-    wait_applied(world, show, "inference-mixed", INFERENCE_MIXED)?;
+    wait_applied(world, show, &step, "inference-mixed", INFERENCE_MIXED)?;
     step.report(world, show);
     wait_advertised(world, show, "inference-mixed", INFERENCE_MIXED)?;
     allocatable(world, show, "now advertised");
@@ -176,6 +176,7 @@ fn edit_configmap(world: &World, show: &Show) -> anyhow::Result<()> {
     wait_applied(
         world,
         show,
+        &step,
         "inference-mixed (edited)",
         INFERENCE_MIXED_EDITED,
     )?;
@@ -201,6 +202,7 @@ fn invalid_profile(world: &World, show: &Show) -> anyhow::Result<()> {
         .set_node_label(NODE, PROFILE_LABEL, Some("broken"));
     wait(show, "the agent to refuse the profile", 30, || {
         state_of(&world.api, NODE).as_deref() == Some("failed")
+            && step.last_state_seen(world, "failed")
     })?;
     // A moment for anything the agent might still do to show up in the NVML log.
     std::thread::sleep(Duration::from_millis(500));
@@ -233,6 +235,14 @@ struct Step {
 }
 
 impl Step {
+    /// Whether the story's watch has seen `state` as the latest since the step began.
+    fn last_state_seen(&self, world: &World, state: &str) -> bool {
+        world
+            .states_since(self.states)
+            .last()
+            .is_some_and(|s| s.state == state)
+    }
+
     fn begin(world: &World) -> Step {
         Step {
             started: Instant::now(),
@@ -444,9 +454,17 @@ fn allocatable(world: &World, show: &Show, what: &str) {
     show.line(&format!("node status.allocatable {what}: {list}"));
 }
 
-fn wait_applied(world: &World, show: &Show, name: &str, text: &str) -> anyhow::Result<()> {
+/// Wait until the Node says `text` is applied, and until the story's own watch has seen the
+/// step's `success` too (it may lag the direct read; the step prints the states it saw).
+fn wait_applied(
+    world: &World,
+    show: &Show,
+    step: &Step,
+    name: &str,
+    text: &str,
+) -> anyhow::Result<()> {
     wait(show, &format!("{name} applied"), 60, || {
-        is_applied(&world.api, NODE, text)
+        is_applied(&world.api, NODE, text) && step.last_state_seen(world, "success")
     })
 }
 
