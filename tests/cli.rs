@@ -698,9 +698,11 @@ fn validate_for_dra_accepts_what_only_the_nvidia_plugin_refuses() {
     assert!(out.status.success(), "{}", stdout(&out));
 }
 
-/// Applying a profile with nothing to advertise the result would leave pods without GPUs.
+/// `apply` is node-local: re-partitioning with nothing publishing the ResourceSlices would
+/// leave claims on the old devices, so it refuses `--plugin dra` and names the agent, which
+/// publishes through the API (the agent itself runs it: tests/agent_dra.rs).
 #[test]
-fn apply_and_agent_refuse_dra_until_slices_are_published() {
+fn apply_refuses_dra_and_names_the_agent_that_publishes() {
     let apply = [
         "apply",
         "--plugin",
@@ -708,14 +710,12 @@ fn apply_and_agent_refuse_dra_until_slices_are_published() {
         "--profile",
         "profiles/exclusive.yaml",
     ];
-    let agent = ["agent", "--plugin", "dra", "--node-name", "worker-1"];
-    for args in [&apply[..], &agent[..]] {
-        let out = gpu_share(args);
-        assert_eq!(out.status.code(), Some(2), "{args:?}");
-        assert!(
-            stderr(&out).contains("--plugin dra is not built yet"),
-            "{}",
-            stderr(&out)
-        );
-    }
+    let out = gpu_share(&apply);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out)
+            .contains("published through the Kubernetes API by `gpu-share agent --plugin dra`"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -6,6 +6,7 @@
 //! and the plugin config are re-checked). State is published on the Node as a label,
 //! annotations and Events; `/healthz`, `/readyz` and `/metrics` are served over HTTP.
 
+mod dra;
 pub mod drain;
 pub mod http;
 pub mod lease;
@@ -239,9 +240,6 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 
 /// Run until SIGTERM/SIGINT.
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
-    if args.plugin == PluginKind::Dra {
-        anyhow::bail!("{}", crate::dra::NOT_PUBLISHED_YET);
-    }
     let config = kube::Config::infer()
         .await
         .context("cannot find the Kubernetes API (in-cluster config or KUBECONFIG)")?;
@@ -273,6 +271,19 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot read this node, {}", args.node_name))?
         .object_ref(&());
+    // --plugin dra: the node's published devices, for the kubelet DRA plugin
+    // (`published.subscribe()`); the publisher sends after each publish and withdrawal.
+    let published = (args.plugin == PluginKind::Dra).then(|| {
+        watch::channel(std::sync::Arc::new(
+            Vec::<crate::dra::api::ResourceSlice>::new(),
+        ))
+        .0
+    });
+    let dra = published.map(|published| {
+        info!("publishing the node's GPUs as ResourceSlices (--plugin dra)");
+        let uid = node_ref.uid.as_deref().unwrap_or_default();
+        crate::dra::publish::Publisher::new(client.clone(), &args.node_name, uid, published)
+    });
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -323,6 +334,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                 device_listing,
             })
         }),
+        dra,
         node_write_failures: Default::default(),
         node_write_refused: Default::default(),
         cdi_refresh: args

@@ -82,6 +82,8 @@ pub struct Reconciler {
     pub configmap: String,
     /// The built-in device plugin (`--plugin builtin`), told what to advertise after each apply.
     pub plugins: Option<PluginManager>,
+    /// `--plugin dra`: publishes the node's ResourceSlices after each apply (`super::dra`).
+    pub dra: Option<crate::dra::publish::Publisher>,
     /// Writes to the Node (state, uncordon) that failed during the reconcile in progress. Any
     /// left at its end fail it with `ApiError`, so it is retried with backoff rather than
     /// leaving a stale state or our cordon until the next resync or label change.
@@ -366,6 +368,7 @@ impl Reconciler {
         todo: &[crate::plan::Step],
         slot: &DrainSlot,
     ) -> Result<(), Outcome> {
+        self.withdraw_going_away(key, profile, observed).await?;
         let reason = format!("gpu-share: reconfiguring MIG for profile {key} ({hash:.12})");
         let cordoned = node::cordon(&self.nodes(), &self.node_name, &reason)
             .await
@@ -510,7 +513,7 @@ impl Reconciler {
             );
             plugins.update(inventory).await;
         }
-        Ok(())
+        self.publish_slices(&report.plan).await
     }
 
     /// Run the CDI refresh command when one is configured and owed (after a MIG change, or
@@ -563,7 +566,7 @@ impl Reconciler {
     }
 
     /// Read the GPUs from NVML, and remember what was read.
-    async fn observe(&self) -> Result<ObservedNode, String> {
+    pub(super) async fn observe(&self) -> Result<ObservedNode, String> {
         let gpus = self.gpus.clone();
         let observed = tokio::task::spawn_blocking(move || {
             gpus.with(Gpus::observe).map_err(|e| e.to_string())
@@ -657,7 +660,7 @@ impl Reconciler {
         }
     }
 
-    async fn event(&self, type_: EventType, reason: &str, note: &str) {
+    pub(super) async fn event(&self, type_: EventType, reason: &str, note: &str) {
         let event = reconcile_event(type_, reason, note);
         if let Err(e) = self.recorder.publish(&event, &self.node_ref).await {
             warn!(error = %e, "could not publish an event");
@@ -667,7 +670,7 @@ impl Reconciler {
     /// Publish an Event without waiting for it, for the last word of a reconcile: the loop is
     /// then free for the next change at once. Events are best-effort either way (a failure is
     /// logged); this one is sent after the state it reports.
-    fn event_in_background(&self, type_: EventType, reason: &str, note: &str) {
+    pub(super) fn event_in_background(&self, type_: EventType, reason: &str, note: &str) {
         let event = reconcile_event(type_, reason, note);
         let (recorder, node_ref) = (self.recorder.clone(), self.node_ref.clone());
         tokio::spawn(async move {
@@ -716,7 +719,7 @@ pub fn event_action(what: &str, note: &str) -> String {
     format!("{what}-{:.12}", content_hash(note))
 }
 
-fn invalid(problems: &[Problem]) -> Outcome {
+pub(super) fn invalid(problems: &[Problem]) -> Outcome {
     let errors: Vec<String> = problems
         .iter()
         .filter(|p| p.is_error())
@@ -728,7 +731,7 @@ fn invalid(problems: &[Problem]) -> Outcome {
     }
 }
 
-fn failed(reason: &'static str, e: impl std::fmt::Display) -> Outcome {
+pub(super) fn failed(reason: &'static str, e: impl std::fmt::Display) -> Outcome {
     Outcome::Failed {
         reason,
         message: e.to_string(),

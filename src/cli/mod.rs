@@ -440,7 +440,7 @@ const EXIT_RESET_REQUIRED: u8 = 3;
 
 fn run_apply(args: &ApplyArgs) -> Result<ExitCode> {
     if args.plugin_kind.plugin == PluginKind::Dra {
-        bail!("{}", crate::dra::NOT_PUBLISHED_YET);
+        bail!("{}", crate::dra::APPLY_NEEDS_AGENT);
     }
     let gpus = Gpus::open(args.nvml.nvml_lib.as_deref())?;
     let opts = ApplyOptions {

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// `ResourceSliceSpec.devices`: "Must not have more than 128 entries."
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
@@ -22,27 +22,31 @@ pub const MAX_CONSUMED_COUNTERS_PER_SLICE: usize = 1024;
 /// `Device`: "The maximum number of attributes and capacities combined is 32."
 pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceSlice {
+    /// Always `resource.k8s.io/v1` (what a read returns is this module's version too).
+    #[serde(skip_deserializing, default = "api_version")]
     pub api_version: &'static str,
+    #[serde(skip_deserializing, default = "kind")]
     pub kind: &'static str,
     pub metadata: ObjectMeta,
     pub spec: ResourceSliceSpec,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceSliceSpec {
     pub driver: String,
     pub pool: ResourcePool,
     pub node_name: String,
+    #[serde(default)]
     pub devices: Vec<Device>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shared_counters: Vec<CounterSet>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourcePool {
     pub name: String,
@@ -50,20 +54,22 @@ pub struct ResourcePool {
     pub resource_slice_count: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Device {
     /// A DNS label, unique in the pool.
     pub name: String,
+    #[serde(default)]
     pub attributes: BTreeMap<String, DeviceAttribute>,
+    #[serde(default)]
     pub capacity: BTreeMap<String, DeviceCapacity>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub consumes_counters: Vec<DeviceCounterConsumption>,
 }
 
 /// Exactly one of the value fields set, as the API wants (`{int: 3}`, `{string: mig}`). A
 /// struct rather than an enum: serde_yaml would write an enum as a YAML tag (`!int 3`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DeviceAttribute {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub int: Option<i64>,
@@ -89,24 +95,24 @@ impl DeviceAttribute {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeviceCapacity {
     pub value: Quantity,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CounterSet {
     /// A DNS label, unique in the slice.
     pub name: String,
     pub counters: BTreeMap<String, Counter>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Counter {
     pub value: Quantity,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceCounterConsumption {
     pub counter_set: String,
@@ -121,4 +127,45 @@ pub fn count(n: u64) -> Quantity {
 /// Mebibytes as a quantity (`81559Mi`).
 pub fn mebibytes(mib: u64) -> Quantity {
     Quantity(format!("{mib}Mi"))
+}
+
+/// The apiVersion every [`ResourceSlice`] carries.
+pub const API_VERSION: &str = "resource.k8s.io/v1";
+
+fn api_version() -> &'static str {
+    API_VERSION
+}
+
+fn kind() -> &'static str {
+    "ResourceSlice"
+}
+
+/// What `kube::Api` needs to serve [`ResourceSlice`]s: cluster-scoped, resource.k8s.io/v1.
+impl kube::Resource for ResourceSlice {
+    type DynamicType = ();
+    type Scope = kube::core::ClusterResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "ResourceSlice".into()
+    }
+
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        "resource.k8s.io".into()
+    }
+
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1".into()
+    }
+
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "resourceslices".into()
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
 }

@@ -1,6 +1,8 @@
-//! Dynamic Resource Allocation (issue 16, first slice): the resource.k8s.io/v1 ResourceSlices a
-//! node publishes for its planned GPUs. Pure: it turns the plan's GPUs into API objects;
-//! publishing them, the kubelet DRA plugin and CDI are not built yet (docs/dra.md).
+//! Dynamic Resource Allocation (issue 16): the resource.k8s.io/v1 ResourceSlices a node
+//! publishes for its planned GPUs. This module is pure: it turns the plan's GPUs into API
+//! objects; [`pool`] decides (also purely) what a publish writes and which devices a
+//! re-partition withdraws first, and [`publish`] writes it through the API for
+//! `agent --plugin dra` (docs/dra.md).
 //!
 //! One device per thing a pod can be given, exactly the units `plan` advertises as extended
 //! resources: a whole exclusive GPU, a MIG device, or one share of a time-sliced or MPS GPU (or
@@ -18,6 +20,8 @@
 //! twice without counters.
 
 pub mod api;
+pub mod pool;
+pub mod publish;
 
 use std::collections::BTreeMap;
 
@@ -34,11 +38,19 @@ use api::{
 /// The DRA driver name gpu-share publishes under (a DNS subdomain, as the API requires).
 pub const DRIVER: &str = "gpu.gpu-share.dev";
 
-/// Why `agent` and `apply` refuse `--plugin dra` for now: applying a profile with nothing to
-/// advertise the result would leave the node's GPUs unusable by pods.
+/// Why `doctor --plugin dra` skips its device-plugin layer. (Its text predates publishing: the
+/// agent now publishes the slices; the DRA doctor check replaces this.)
 pub const NOT_PUBLISHED_YET: &str = "--plugin dra is not built yet beyond planning: nothing \
 publishes the ResourceSlices or serves the kubelet's DRA calls (docs/dra.md); `gpu-share plan \
 --plugin dra` shows the slices the node would publish";
+
+/// Why `apply --plugin dra` refuses: it is node-local and has no Kubernetes API to publish
+/// through, and re-partitioning with nothing publishing the result would leave the node's GPUs
+/// unusable by claims (the slices of the old layout would still be allocated).
+pub const APPLY_NEEDS_AGENT: &str = "--plugin dra: the node's ResourceSlices are published \
+through the Kubernetes API by `gpu-share agent --plugin dra`, which `apply` (node-local) does not \
+use; run the agent with --plugin dra, or see what it would publish with `gpu-share plan \
+--plugin dra`";
 
 /// Counter names (DNS labels) in a MIG GPU's counter set.
 pub const COMPUTE_SLICES: &str = "compute-slices";
@@ -69,7 +81,7 @@ pub fn resource_slices(
         .into_iter()
         .enumerate()
         .map(|(k, (devices, shared_counters))| ResourceSlice {
-            api_version: "resource.k8s.io/v1",
+            api_version: api::API_VERSION,
             kind: "ResourceSlice",
             metadata: ObjectMeta {
                 name: Some(format!("{node_name}-gpu-share-{k}")),

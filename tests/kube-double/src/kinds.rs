@@ -163,12 +163,43 @@ pub(crate) const KINDS: &[KindInfo] = &[
         tracks_generation: true,
         fields: &[],
     },
+    // resource.k8s.io/v1 (DRA), from the apiserver's registry strategies
+    // (kubernetes/kubernetes pkg/registry/resource/resourceslice/strategy.go): cluster-scoped,
+    // no create on update, unconditional updates allowed, `metadata.generation` set to 1 on
+    // create and bumped on any spec change, selectable fields `spec.nodeName` and `spec.driver`
+    // (`toSelectableFields`). DeviceClass (.../deviceclass/strategy.go): the same without extra
+    // selectable fields.
+    KindInfo {
+        group: "resource.k8s.io",
+        version: "v1",
+        plural: "resourceslices",
+        kind: "ResourceSlice",
+        namespaced: false,
+        status_subresource: false,
+        allow_create_on_update: false,
+        allow_unconditional_update: true,
+        tracks_generation: true,
+        fields: &["spec.nodeName", "spec.driver"],
+    },
+    KindInfo {
+        group: "resource.k8s.io",
+        version: "v1",
+        plural: "deviceclasses",
+        kind: "DeviceClass",
+        namespaced: false,
+        status_subresource: false,
+        allow_create_on_update: false,
+        allow_unconditional_update: true,
+        tracks_generation: true,
+        fields: &[],
+    },
 ];
 
 pub(crate) const PODS: KindId = 1;
 pub(crate) const CORE_EVENTS: KindId = 3;
 pub(crate) const EVENTS: KindId = 4;
 pub(crate) const PDBS: KindId = 6;
+pub(crate) const RESOURCE_SLICES: KindId = 7;
 
 /// The kind served at `group`/`version`/`plural`.
 pub(crate) fn lookup(group: &str, version: &str, plural: &str) -> Option<KindId> {

@@ -41,7 +41,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use kinds::{KindId, CORE_EVENTS, EVENTS, KINDS, PDBS, PODS};
+use kinds::{KindId, CORE_EVENTS, EVENTS, KINDS, PDBS, PODS, RESOURCE_SLICES};
 use store::{Key, State};
 
 /// An API verb, as RBAC names them. `Any` only matches, in [`KubeDouble::fail_next`].
@@ -366,6 +366,21 @@ impl KubeDouble {
     {
         let key = key_for(kind_of::<K>(), namespace, name);
         self.with(|st| st.remove(&key)).map(from_value)
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // DRA: resource.k8s.io/v1 has no k8s-openapi type under the workspace's `v1_33`, so these
+    // take and give JSON.
+    // ---------------------------------------------------------------------------------------
+
+    /// Every ResourceSlice, by name.
+    pub fn resource_slices(&self) -> Vec<Value> {
+        self.with(|st| st.objects_of(RESOURCE_SLICES, None))
+    }
+
+    /// Stores a ResourceSlice as a controller would (see [`KubeDouble::put`]).
+    pub fn put_resource_slice(&self, slice: Value) -> Value {
+        self.with(|st| st.put(RESOURCE_SLICES, slice))
     }
 
     // ---------------------------------------------------------------------------------------
