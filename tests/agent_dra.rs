@@ -1,0 +1,363 @@
+//! `gpu-share agent --plugin dra` on the simulated node (tests/node-sim: fake NVML, simulated
+//! kubelet for GPU processes) against the Kubernetes API double, which serves
+//! resource.k8s.io/v1 ResourceSlices with the apiserver's registry rules (kube-double
+//! README). The pool rules checked here are the API's (ResourcePool in the resource.k8s.io/v1
+//! reference): every slice of the pool at one generation, which grows with every change;
+//! `resourceSliceCount` slices make the pool.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube_double::{KubeDouble, Verb};
+use node_sim::*;
+use serde_json::Value;
+
+const DRIVER: &str = "gpu.gpu-share.dev";
+
+/// Every example profile (profiles/ and profiles/builtin/) with the simulated GPUs it plans
+/// on: 8 × H100 for all but the H200 one, whose MIG profiles exist only on the H200 (the same
+/// pairs as src/dra/tests.rs). [`every_example_profile_is_published_somewhere`] fails when a
+/// profile file has no row.
+const EXAMPLES: &[(&str, &str)] = &[
+    ("h100-balanced", "h100"),
+    ("h100-inference", "h100"),
+    ("h100-mps", "h100"),
+    ("exclusive", "h100"),
+    ("homelab-timeslice", "h100"),
+    ("a100-40gb-mixed", "h100"),
+    ("a100-80gb-single", "h100"),
+    ("builtin/h100-mixed-sharing", "h100"),
+    ("builtin/h100-mps-in-mig", "h100"),
+    ("h200-mig-timeslice", "h200"),
+];
+
+/// This node's slices of gpu-share's driver, as the API double holds them (by name).
+fn published(api: &KubeDouble, node: &str) -> Vec<Value> {
+    api.resource_slices()
+        .into_iter()
+        .filter(|s| s["spec"]["nodeName"] == node && s["spec"]["driver"] == DRIVER)
+        .collect()
+}
+
+/// What `gpu-share plan --plugin dra` prints for `profile` on the node's GPUs as they are now
+/// (`gpu-share status -o json` → `plan --current`): its `resourceSlices`.
+fn planned(node: &AgentNode, profile: &str) -> Vec<Value> {
+    let observed = observe(&node.nvml_state());
+    let current = node.path("observed.json");
+    std::fs::write(&current, serde_json::to_vec(&observed).unwrap()).unwrap();
+    let file = node.path("profile.yaml");
+    std::fs::write(&file, text_of(profile)).unwrap();
+    let out = Command::new(gpu_share_bin())
+        .args(["plan", "--plugin", "dra", "--output", "json"])
+        .args(["--node-name", &node.name, "--profile"])
+        .arg(&file)
+        .arg("--current")
+        .arg(&current)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "plan {profile}: {}", text(&out));
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    plan["resourceSlices"].as_array().unwrap().clone()
+}
+
+/// A profile of more shares than one slice holds (128 devices): 2 GPUs × 100 shares.
+const MANY_SHARES: &str = "many-shares";
+
+/// The text of example profile `name`, or of [`MANY_SHARES`].
+fn text_of(name: &str) -> String {
+    if name == MANY_SHARES {
+        "version: v1\nrules:\n  - devices: all\n    timeSlicing: {replicas: 100}\n".into()
+    } else {
+        profile_text(name)
+    }
+}
+
+/// Slice name → spec without the pool generation (the one thing a publish decides itself).
+fn content(slices: &[Value]) -> BTreeMap<String, Value> {
+    slices
+        .iter()
+        .map(|s| {
+            let mut spec = s["spec"].clone();
+            spec["pool"].as_object_mut().unwrap().remove("generation");
+            (s["metadata"]["name"].as_str().unwrap().to_string(), spec)
+        })
+        .collect()
+}
+
+fn device_names(slices: &[Value]) -> BTreeSet<String> {
+    slices
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().unwrap())
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The pool's one generation (every slice carries the same).
+fn generation(slices: &[Value]) -> i64 {
+    let all: BTreeSet<i64> = slices
+        .iter()
+        .map(|s| s["spec"]["pool"]["generation"].as_i64().unwrap())
+        .collect();
+    assert_eq!(all.len(), 1, "one generation across the pool: {all:?}");
+    *all.first().unwrap()
+}
+
+/// Wait until the API's pool is exactly what `plan` prints for `profile` (each apply publishes
+/// before its `success`, so this is immediate unless the test's own reads race it).
+fn assert_published_as_planned(api: &KubeDouble, node: &AgentNode, profile: &str) -> Vec<Value> {
+    let want = content(&planned(node, profile));
+    let mut got = BTreeMap::new();
+    let same = poll(Duration::from_secs(10), Duration::from_millis(50), || {
+        got = content(&published(api, &node.name));
+        got == want
+    });
+    if !same {
+        let names = |m: &BTreeMap<String, Value>| -> BTreeSet<String> {
+            m.values()
+                .flat_map(|s| s["devices"].as_array().unwrap())
+                .map(|d| d["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        panic!(
+            "{profile}: published ≠ planned\nonly published: {:?}\nonly planned: {:?}\nslices published {:?}, planned {:?}\n{}",
+            names(&got).difference(&names(&want)).collect::<Vec<_>>(),
+            names(&want).difference(&names(&got)).collect::<Vec<_>>(),
+            got.keys().collect::<Vec<_>>(),
+            want.keys().collect::<Vec<_>>(),
+            node.log()
+        );
+    }
+    let slices = published(api, &node.name);
+    let count = slices.len() as i64;
+    for slice in &slices {
+        assert_eq!(slice["spec"]["pool"]["resourceSliceCount"], count);
+        assert_eq!(slice["spec"]["pool"]["name"], node.name.as_str());
+    }
+    slices
+}
+
+/// Node `name` with 8 GPUs of `model` (MIG on), its agent started with `--plugin dra`.
+fn dra_node(api: &Arc<KubeDouble>, name: &str, model: &str) -> AgentNode {
+    let mut node = AgentNode::new(api, name, gpus(model, 8, true));
+    node.start_agent(&["--plugin", "dra"], &[]);
+    node
+}
+
+fn slice_writes(api: &KubeDouble) -> usize {
+    api.requests()
+        .iter()
+        .filter(|r| r.resource == "resourceslices")
+        .filter(|r| {
+            matches!(
+                r.verb,
+                Verb::Create | Verb::Update | Verb::Patch | Verb::Delete
+            )
+        })
+        .count()
+}
+
+#[test]
+fn every_example_profile_is_published_somewhere() {
+    let mut files = BTreeSet::new();
+    for dir in ["profiles", "profiles/builtin"] {
+        for entry in std::fs::read_dir(repo().join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                let stem = path.file_stem().unwrap().to_str().unwrap();
+                let prefix = dir
+                    .strip_prefix("profiles")
+                    .unwrap()
+                    .trim_start_matches('/');
+                files.insert(if prefix.is_empty() {
+                    stem.to_string()
+                } else {
+                    format!("{prefix}/{stem}")
+                });
+            }
+        }
+    }
+    let tested: BTreeSet<String> = EXAMPLES.iter().map(|(p, _)| p.to_string()).collect();
+    assert_eq!(files, tested, "every example profile has a row in EXAMPLES");
+}
+
+/// Each example profile in turn on its node: the API holds exactly the slices `plan --plugin
+/// dra` prints for the GPUs as applied (devices, attributes, capacities, counters), owned by
+/// the Node; every change bumps the one pool generation. (Kept devices keeping their names
+/// through a change: `devices_going_away_are_withdrawn_before_the_drain_and_kept_ones_stay`.)
+#[test]
+fn the_published_slices_are_what_plan_prints_for_every_example_profile() {
+    let api = Arc::new(KubeDouble::start());
+    let names: Vec<&str> = EXAMPLES.iter().map(|(p, _)| *p).collect();
+    profiles_configmap(&api, &names, &[]);
+    for model in ["h100", "h200"] {
+        let name = format!("dra-{model}");
+        let node = dra_node(&api, &name, model);
+        let uid = api.node(&name).unwrap().metadata.uid.unwrap();
+        let mut last: Option<(i64, Vec<Value>)> = None;
+        for (profile, _) in EXAMPLES.iter().filter(|(_, m)| *m == model) {
+            api.set_node_label(&name, PROFILE_LABEL, Some(profile));
+            wait_applied(&api, &node, profile, Duration::from_secs(60));
+            let slices = assert_published_as_planned(&api, &node, profile);
+            let owners = &slices[0]["metadata"]["ownerReferences"];
+            assert_eq!(owners[0]["kind"], "Node");
+            assert_eq!(owners[0]["name"], name.as_str());
+            assert_eq!(owners[0]["uid"], uid.as_str());
+            let now = generation(&slices);
+            if let Some((before, old)) = &last {
+                if content(old) != content(&slices) {
+                    assert!(now > *before, "{profile}: generation {before} → {now}");
+                }
+            } else {
+                assert_eq!(now, 1, "{profile}: a first publish is generation 1");
+            }
+            last = Some((now, slices));
+        }
+    }
+}
+
+/// h100-balanced → h100-inference with a pod on the 3g.40gb that goes, held by a budget: the
+/// pool is republished without the devices going away before the cordon and the first
+/// eviction, the 1g.10gb devices that stay are published throughout, and once applied the
+/// pool is the new plan's at a higher generation.
+#[test]
+fn devices_going_away_are_withdrawn_before_the_drain_and_kept_ones_stay() {
+    let api = Arc::new(KubeDouble::start());
+    profiles_configmap(&api, &["h100-balanced", "h100-inference"], &[]);
+    let mut node = AgentNode::new(&api, "dra-w", h100s(1, true));
+    node.start_agent(&["--plugin", "dra"], &[]);
+    api.set_node_label("dra-w", PROFILE_LABEL, Some("h100-balanced"));
+    wait_applied(&api, &node, "h100-balanced", Duration::from_secs(30));
+    let before = assert_published_as_planned(&api, &node, "h100-balanced");
+    let next = planned(&node, "h100-inference");
+    let going: BTreeSet<String> = device_names(&before)
+        .difference(&device_names(&next))
+        .cloned()
+        .collect();
+    let staying: BTreeSet<String> = device_names(&before)
+        .intersection(&device_names(&next))
+        .cloned()
+        .collect();
+    assert!(!going.is_empty() && !staying.is_empty());
+
+    let gi = node.gi_at(0, 4);
+    node.add_workloads(&api, &[Workload::on_mig("held", 6001, 0, gi)]);
+    guard(&api, "held", "hold");
+    api.clear_requests();
+    let events_before = api.events().len();
+    api.set_node_label("dra-w", PROFILE_LABEL, Some("h100-inference"));
+    assert!(
+        api.wait_until(Duration::from_secs(20), |a| a
+            .evictions()
+            .iter()
+            .any(|e| e.code == 429)),
+        "{}",
+        node.log()
+    );
+    // Draining, held by the budget: the pool lacks exactly the devices going away.
+    let during = published(&api, "dra-w");
+    assert_eq!(device_names(&during), staying, "{}", node.log());
+    assert!(generation(&during) > generation(&before));
+    // The withdrawal's write precedes every eviction request, and its Event the cordon's.
+    let requests = api.requests();
+    let first = |want: &dyn Fn(&kube_double::RequestRecord) -> bool| {
+        requests.iter().position(want).unwrap_or(usize::MAX)
+    };
+    let withdrawal = first(&|r| r.resource == "resourceslices" && r.verb == Verb::Update);
+    let eviction = first(&|r| r.resource == "pods/eviction");
+    assert!(
+        withdrawal < eviction,
+        "withdrawn (request {withdrawal}) before the first eviction (request {eviction})"
+    );
+    let reasons: Vec<String> = api.events()[events_before..]
+        .iter()
+        .filter_map(|e| e.reason.clone())
+        .collect();
+    let at = |r: &str| reasons.iter().position(|x| x == r).unwrap_or(usize::MAX);
+    assert!(
+        at("DevicesWithdrawn") < at("Cordoned"),
+        "events in order: {reasons:?}"
+    );
+
+    api.remove::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(Some("default"), "hold");
+    wait_applied(&api, &node, "h100-inference", Duration::from_secs(30));
+    let after = assert_published_as_planned(&api, &node, "h100-inference");
+    assert!(generation(&after) > generation(&during));
+    assert!(staying.is_subset(&device_names(&after)));
+}
+
+/// Nothing is written while nothing changes (resyncs every 2 s), and a restarted agent
+/// continues from the API's generation: it writes nothing for the same profile and the next
+/// change is one above, never a new generation 1.
+#[test]
+fn an_unchanged_pool_is_not_rewritten_and_a_restart_keeps_the_generation() {
+    let api = Arc::new(KubeDouble::start());
+    profiles_configmap(
+        &api,
+        &["h100-balanced", "exclusive", "homelab-timeslice"],
+        &[(MANY_SHARES, text_of(MANY_SHARES))],
+    );
+    let mut node = AgentNode::new(&api, "dra-r", h100s(2, true));
+    node.start_agent(&["--plugin", "dra"], &[]);
+    api.set_node_label("dra-r", PROFILE_LABEL, Some("h100-balanced"));
+    wait_applied(&api, &node, "h100-balanced", Duration::from_secs(30));
+    api.set_node_label("dra-r", PROFILE_LABEL, Some("exclusive"));
+    wait_applied(&api, &node, "exclusive", Duration::from_secs(30));
+    let at = generation(&assert_published_as_planned(&api, &node, "exclusive"));
+    // 1: h100-balanced; 2: its MIG devices withdrawn before the re-partition; 3: exclusive.
+    assert_eq!(at, 3);
+
+    api.clear_requests();
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        slice_writes(&api),
+        0,
+        "resyncs of an unchanged pool write nothing"
+    );
+
+    node.kill_agent();
+    api.clear_requests();
+    node.start_agent(&["--plugin", "dra"], &[]);
+    // The restarted agent reconciles the same profile: it reads the pool (a list)...
+    assert!(
+        poll(Duration::from_secs(20), Duration::from_millis(100), || api
+            .requests()
+            .iter()
+            .any(
+                |r| r.resource == "resourceslices" && r.verb == Verb::List
+            )),
+        "{}",
+        node.log()
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        slice_writes(&api),
+        0,
+        "a restart with the same profile writes nothing"
+    );
+    assert_eq!(generation(&published(&api, "dra-r")), at);
+
+    api.set_node_label("dra-r", PROFILE_LABEL, Some("homelab-timeslice"));
+    wait_applied(&api, &node, "homelab-timeslice", Duration::from_secs(30));
+    let slices = assert_published_as_planned(&api, &node, "homelab-timeslice");
+    assert_eq!(
+        generation(&slices),
+        at + 1,
+        "one above the restarted agent's start"
+    );
+
+    // 200 shares need two slices; back to exclusive, the second slice is deleted.
+    let many = text_of(MANY_SHARES);
+    api.set_node_label("dra-r", PROFILE_LABEL, Some(MANY_SHARES));
+    wait_applied_text(&api, &node, &many, Duration::from_secs(30), MANY_SHARES);
+    let slices = assert_published_as_planned(&api, &node, MANY_SHARES);
+    assert_eq!(slices.len(), 2);
+    assert_eq!(generation(&slices), at + 2);
+    api.set_node_label("dra-r", PROFILE_LABEL, Some("exclusive"));
+    wait_applied(&api, &node, "exclusive", Duration::from_secs(30));
+    let slices = assert_published_as_planned(&api, &node, "exclusive");
+    assert_eq!(slices.len(), 1, "the slice no longer needed is deleted");
+    assert_eq!(generation(&slices), at + 3);
+}
