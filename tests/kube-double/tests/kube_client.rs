@@ -1036,3 +1036,78 @@ async fn watch_event_kinds_follow_selectors() {
     let second = within("added", w.try_next()).await.unwrap().unwrap();
     assert!(matches!(second, WatchEvent::Added(_)), "{second:?}");
 }
+
+/// resource.k8s.io/v1 for DRA, as a driver and the scheduler use it (the apiserver's
+/// resourceslice and deviceclass registry strategies, cited in src/kinds.rs): discovery lists
+/// both kinds, cluster-scoped; slices are selected by `spec.nodeName` and `spec.driver`, the
+/// only fields the strategy adds; `metadata.generation` starts at 1 and follows spec changes;
+/// a PUT to a missing slice is 404 (no create on update).
+#[tokio::test]
+async fn dra_resource_slices_and_device_classes() {
+    use kube::api::{DynamicObject, GroupVersionKind};
+    use kube::discovery::pinned_kind;
+
+    let double = KubeDouble::start();
+    let client = double.client();
+    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
+    let (resource, caps) = pinned_kind(&client, &gvk).await.unwrap();
+    assert_eq!(resource.plural, "resourceslices");
+    assert_eq!(caps.scope, kube::discovery::Scope::Cluster);
+    let classes = GroupVersionKind::gvk("resource.k8s.io", "v1", "DeviceClass");
+    let (class_resource, _) = pinned_kind(&client, &classes).await.unwrap();
+    assert_eq!(class_resource.plural, "deviceclasses");
+
+    let slices: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let slice = |name: &str, node: &str, driver: &str| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": "gpu-0"}]},
+        }))
+        .unwrap()
+    };
+    let pp = PostParams::default();
+    for (name, node, driver) in [
+        ("a", "gpu-1", "gpu.gpu-share.dev"),
+        ("b", "gpu-1", "gpu.nvidia.com"),
+        ("c", "gpu-2", "gpu.gpu-share.dev"),
+    ] {
+        let created = slices
+            .create(&pp, &slice(name, node, driver))
+            .await
+            .unwrap();
+        assert_eq!(created.metadata.generation, Some(1));
+    }
+    let ours = slices
+        .list(&ListParams::default().fields("spec.nodeName=gpu-1,spec.driver=gpu.gpu-share.dev"))
+        .await
+        .unwrap();
+    assert_eq!(
+        ours.items.iter().map(|s| s.name_any()).collect::<Vec<_>>(),
+        ["a"]
+    );
+    let err = api_status(
+        slices
+            .list(&ListParams::default().fields("spec.pool.name=gpu-1"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 400);
+
+    let mut a = slices.get("a").await.unwrap();
+    a.data["spec"]["devices"] = json!([{"name": "gpu-0"}, {"name": "gpu-1"}]);
+    let replaced = slices.replace("a", &pp, &a).await.unwrap();
+    assert_eq!(replaced.metadata.generation, Some(2), "a spec change");
+    let err = api_status(
+        slices
+            .replace("z", &pp, &slice("z", "gpu-1", "gpu.gpu-share.dev"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 404);
+    slices.delete("a", &DeleteParams::default()).await.unwrap();
+    assert_eq!(double.resource_slices().len(), 2);
+}
