@@ -361,3 +361,52 @@ fn an_unchanged_pool_is_not_rewritten_and_a_restart_keeps_the_generation() {
     assert_eq!(slices.len(), 1, "the slice no longer needed is deleted");
     assert_eq!(generation(&slices), at + 3);
 }
+
+/// A write the API server refuses fails the reconcile with a reason naming the slices (the
+/// GPUs are applied; the retry publishes), and the agent touches only its own pool: another
+/// node's slices and another driver's slices on this node stay as they were.
+#[test]
+fn a_refused_slice_write_fails_and_is_retried_and_other_pools_are_left_alone() {
+    let api = Arc::new(KubeDouble::start());
+    profiles_configmap(&api, &["h100-balanced"], &[]);
+    let foreign = |name: &str, node: &str, driver: &str| {
+        serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": node, "generation": 5, "resourceSliceCount": 1},
+                     "devices": [{"name": "gpu-0"}]},
+        })
+    };
+    let theirs = [
+        api.put_resource_slice(foreign("other-node", "gpu-9", DRIVER)),
+        api.put_resource_slice(foreign("other-driver", "dra-f", "gpu.nvidia.com")),
+    ];
+    api.fail_next(
+        Verb::Create,
+        "resourceslices.resource.k8s.io",
+        1,
+        kube_double::Fault::Status(500),
+    );
+    let mut node = AgentNode::new(&api, "dra-f", h100s(1, true));
+    node.start_agent(&["--plugin", "dra"], &[]);
+    api.set_node_label("dra-f", PROFILE_LABEL, Some("h100-balanced"));
+    wait_state(&api, &node, "failed", Duration::from_secs(20));
+    let reason = annotation(&api, "dra-f", REASON).unwrap_or_default();
+    assert!(
+        reason.contains("could not publish the ResourceSlices"),
+        "{reason}"
+    );
+    wait_applied(&api, &node, "h100-balanced", Duration::from_secs(30));
+    assert_published_as_planned(&api, &node, "h100-balanced");
+    for slice in &theirs {
+        let name = slice["metadata"]["name"].as_str().unwrap();
+        let now = api
+            .resource_slices()
+            .into_iter()
+            .find(|s| s["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{name} deleted"));
+        assert_eq!(now, *slice, "{name} untouched");
+    }
+}

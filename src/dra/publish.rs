@@ -62,6 +62,11 @@ impl Publisher {
         }
     }
 
+    /// A receiver of what this publisher announces (for the kubelet DRA plugin).
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Vec<ResourceSlice>>> {
+        self.published.subscribe()
+    }
+
     /// Make the API's pool equal to `desired` ([`super::resource_slices`]; its generation is
     /// replaced by the pool's next one when anything changes).
     pub async fn publish(&self, desired: Vec<ResourceSlice>) -> Result<Outcome, kube::Error> {
