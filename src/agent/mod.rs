@@ -134,8 +134,9 @@ pub struct AgentArgs {
     #[arg(long, env = "GPU_SHARE_HOST_ROOT", default_value = "/")]
     pub host_root: PathBuf,
     /// Which device plugin advertises the GPUs: `nvidia` (the stock plugin, through
-    /// --plugin-config) or `builtin` (served by this agent on the kubelet's device-plugin
-    /// sockets; for profiles the stock plugin cannot express).
+    /// --plugin-config), `builtin` (served by this agent on the kubelet's device-plugin
+    /// sockets; for profiles the stock plugin cannot express) or `dra` (this agent publishes
+    /// the node's devices as resource.k8s.io/v1 ResourceSlices; docs/dra.md).
     #[arg(long, env = "GPU_SHARE_PLUGIN", value_enum, default_value_t = PluginKind::Nvidia)]
     pub plugin: PluginKind,
     /// builtin: the kubelet's device-plugin directory (kubelet.sock and the plugin sockets).
