@@ -18,6 +18,7 @@
 //! twice without counters.
 
 pub mod api;
+pub mod kubelet_plugin;
 
 use std::collections::BTreeMap;
 
