@@ -699,8 +699,9 @@ fn validate_for_dra_accepts_what_only_the_nvidia_plugin_refuses() {
 }
 
 /// Applying a profile with nothing to advertise the result would leave pods without GPUs.
+/// (`agent --plugin dra` serves the kubelet DRA plugin: tests/dra_kubelet.rs.)
 #[test]
-fn apply_and_agent_refuse_dra_until_slices_are_published() {
+fn apply_refuses_dra_until_slices_are_published() {
     let apply = [
         "apply",
         "--plugin",
@@ -708,14 +709,11 @@ fn apply_and_agent_refuse_dra_until_slices_are_published() {
         "--profile",
         "profiles/exclusive.yaml",
     ];
-    let agent = ["agent", "--plugin", "dra", "--node-name", "worker-1"];
-    for args in [&apply[..], &agent[..]] {
-        let out = gpu_share(args);
-        assert_eq!(out.status.code(), Some(2), "{args:?}");
-        assert!(
-            stderr(&out).contains("--plugin dra is not built yet"),
-            "{}",
-            stderr(&out)
-        );
-    }
+    let out = gpu_share(&apply);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("--plugin dra is not built yet"),
+        "{}",
+        stderr(&out)
+    );
 }

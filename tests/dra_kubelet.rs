@@ -42,7 +42,10 @@ const WAIT: Duration = Duration::from_secs(10);
 fn applied(plan: &NodePlan, node: &ObservedNode) -> ObservedNode {
     let mut node = node.clone();
     for gpu in &mut node.gpus {
-        gpu.uuid = Some(format!("GPU-0000000{}-aaaa-bbbb-cccc-dddddddddddd", gpu.index));
+        gpu.uuid = Some(format!(
+            "GPU-0000000{}-aaaa-bbbb-cccc-dddddddddddd",
+            gpu.index
+        ));
         let Some(geometry) = plan
             .gpus
             .iter()
@@ -192,7 +195,11 @@ impl Node {
             .unprepare(DRIVER, vec![claim(NS, name, uid)])
             .await
             .unwrap();
-        answer.claims.remove(uid).expect("an answer for the claim").error
+        answer
+            .claims
+            .remove(uid)
+            .expect("an answer for the claim")
+            .error
     }
 
     fn spec_path(&self, uid: &str) -> PathBuf {
@@ -217,7 +224,11 @@ impl Node {
             .find(|r| r.devices.iter().any(|d| d.id == id))
             .unwrap_or_else(|| panic!("{id} is not advertised"));
         let answer = resource.allocate(&[id.to_string()]).unwrap();
-        let mut env: Vec<String> = answer.envs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let mut env: Vec<String> = answer
+            .envs
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         env.sort();
         let mounts = answer
             .mounts
@@ -301,7 +312,11 @@ async fn a_mig_device_a_time_sliced_share_and_an_mps_share_get_the_builtin_plugi
         (&mig, text(&mig, "uuid").to_string()),
         (
             &sliced,
-            format!("{}::{}", text(&sliced, "parentUUID"), int(&sliced, "shareIndex")),
+            format!(
+                "{}::{}",
+                text(&sliced, "parentUUID"),
+                int(&sliced, "shareIndex")
+            ),
         ),
         (
             &mps,
@@ -326,7 +341,12 @@ async fn a_mig_device_a_time_sliced_share_and_an_mps_share_get_the_builtin_plugi
         let spec = node.spec(&uid);
         assert_eq!(spec.kind, "gpu.gpu-share.dev/claim");
         assert_eq!(spec.devices[0].name, format!("{uid}-{}", device.name));
-        assert_eq!(spec_edits(&spec), node.builtin_answer(builtin_id), "{}", device.name);
+        assert_eq!(
+            spec_edits(&spec),
+            node.builtin_answer(builtin_id),
+            "{}",
+            device.name
+        );
 
         assert_eq!(node.unprepare(&name, &uid).await, "");
         assert!(!node.spec_path(&uid).exists(), "{}: spec left", device.name);
@@ -336,9 +356,21 @@ async fn a_mig_device_a_time_sliced_share_and_an_mps_share_get_the_builtin_plugi
     let (env, _) = node.builtin_answer(&cases[0].1);
     assert_eq!(env, [format!("NVIDIA_VISIBLE_DEVICES={}", cases[0].1)]);
     let (env, mounts) = node.builtin_answer(&cases[2].1);
-    assert!(env.contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25".to_string()), "{env:?}");
-    assert!(env.iter().any(|e| e.starts_with("CUDA_MPS_PIPE_DIRECTORY=/mps/")), "{env:?}");
-    assert!(mounts.iter().any(|(h, c)| h == "/run/nvidia/mps/shm" && c == "/dev/shm"), "{mounts:?}");
+    assert!(
+        env.contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25".to_string()),
+        "{env:?}"
+    );
+    assert!(
+        env.iter()
+            .any(|e| e.starts_with("CUDA_MPS_PIPE_DIRECTORY=/mps/")),
+        "{env:?}"
+    );
+    assert!(
+        mounts
+            .iter()
+            .any(|(h, c)| h == "/run/nvidia/mps/shm" && c == "/dev/shm"),
+        "{mounts:?}"
+    );
     plugin.shutdown().await;
 }
 
@@ -394,12 +426,15 @@ async fn a_restart_keeps_prepared_claims_and_removes_interrupted_and_stale_specs
     std::fs::write(&other, "cdiVersion: 0.5.0\n").unwrap();
 
     let plugin = node.start().await;
-    assert!(!node.spec_path("cut-off").exists(), "interrupted prepare's spec leaked");
+    assert!(
+        !node.spec_path("cut-off").exists(),
+        "interrupted prepare's spec leaked"
+    );
     assert!(!node.spec_path("stale").exists(), "stale spec leaked");
     assert!(other.exists(), "another vendor's spec was removed");
     assert_eq!(std::fs::read(node.spec_path(&uid)).unwrap(), spec);
     let claims: Vec<String> = node.checkpoint().claims.into_keys().collect();
-    assert_eq!(claims, [uid.clone()]);
+    assert_eq!(claims, std::slice::from_ref(&uid));
 
     // The kubelet asks again after the restart: the same answer, from the checkpoint (the
     // claim is gone from the API, so nothing was read or prepared a second time).
@@ -454,16 +489,88 @@ async fn a_claim_for_a_device_not_published_fails_alone_and_names_the_device() {
         }
         *slices = Arc::new(kept);
     });
-    let uid = node.allocated_claim("late", &[("gpu", &withdrawn.name)]).await;
+    let uid = node
+        .allocated_claim("late", &[("gpu", &withdrawn.name)])
+        .await;
     let answer = node.prepare("late", &uid).await;
-    assert!(answer.error.contains(&format!("device {} ", withdrawn.name)), "{}", answer.error);
+    assert!(
+        answer
+            .error
+            .contains(&format!("device {} ", withdrawn.name)),
+        "{}",
+        answer.error
+    );
 
     // A UID that is not the claim's: the claim was deleted and created again.
     let answer = node.prepare("good", "not-the-uid").await;
     assert!(
-        answer.error.contains(&format!("ResourceClaim team-a/good has UID {good_uid}, not not-the-uid")),
+        answer.error.contains(&format!(
+            "ResourceClaim team-a/good has UID {good_uid}, not not-the-uid"
+        )),
         "{}",
         answer.error
     );
     plugin.shutdown().await;
+}
+
+/// `gpu-share agent --plugin dra` as a process: it serves the kubelet plugin at the directories
+/// its flags name, the simulated kubelet registers it, and SIGTERM removes both sockets (the
+/// checkpoint stays: prepared claims outlive the agent's pod).
+#[test]
+fn the_agent_serves_the_dra_plugin_and_removes_its_sockets_on_sigterm() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let api = Arc::new(KubeDouble::start());
+        api.put_configmap(kube_double::fixtures::configmap(
+            node_sim::NS,
+            node_sim::CM,
+            &[("whole", &profile_text("exclusive"))],
+        ));
+        let mut node = node_sim::AgentNode::new(&api, "gpu-1", node_sim::h100s(2, false));
+        let registry = node.path("kubelet/plugins_registry");
+        let plugin_dir = node.path("kubelet/plugins/gpu.gpu-share.dev");
+        let cdi_root = node.path("cdi");
+        std::fs::create_dir_all(&registry).unwrap();
+        let kubelet = DraKubelet::watch(&registry);
+        let mut cmd = node.agent_command();
+        cmd.args(["agent", "--plugin", "dra", "--lease-duration-secs", "2"])
+            .arg("--dra-registration-dir")
+            .arg(&registry)
+            .arg("--dra-plugin-dir")
+            .arg(&plugin_dir)
+            .arg("--cdi-root")
+            .arg(&cdi_root);
+        node.spawn(cmd);
+        let info = kubelet
+            .wait_registered(DRIVER, Duration::from_secs(60))
+            .await;
+        let info = info.unwrap_or_else(|| panic!("not registered\n{}", node.log()));
+        let dra_socket = plugin_dir.join("dra.sock");
+        assert_eq!(info.endpoint, dra_socket.display().to_string());
+        let reg_socket = registry.join("gpu.gpu-share.dev-reg.sock");
+        assert!(reg_socket.exists());
+        // The agent applies profiles as in the other modes (and is in its loop, where SIGTERM
+        // is handled, once it has).
+        api.set_node_label("gpu-1", node_sim::PROFILE_LABEL, Some("whole"));
+        node_sim::wait_applied(&api, &node, "exclusive", Duration::from_secs(60));
+
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(node.agent_pid()).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let sent = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = node.agent.as_mut().unwrap().try_wait().unwrap() {
+                break status;
+            }
+            assert!(sent.elapsed() < Duration::from_secs(10), "{}", node.log());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(status.success(), "{status:?}\n{}", node.log());
+        assert!(
+            !reg_socket.exists(),
+            "registration socket left\n{}",
+            node.log()
+        );
+        assert!(!dra_socket.exists(), "DRA socket left\n{}", node.log());
+        assert!(plugin_dir.join("checkpoint.json").exists());
+    });
 }

@@ -16,6 +16,7 @@ pub mod reconcile;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -28,9 +29,11 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::apply::{ApplyOptions, DevicePluginOutput};
-use crate::builtin_plugin::{ManagerSettings, PluginKind, PluginManager};
+use crate::builtin_plugin::{Inventory, ManagerSettings, PluginKind, PluginManager};
 use crate::device_plugin::SignalTarget;
 use crate::doctor::{self, DoctorOptions, Status};
+use crate::dra::api::ResourceSlice;
+use crate::dra::kubelet_plugin::{Inputs as DraInputs, KubeletPlugin, Settings as DraSettings};
 use crate::gpu::SharedGpus;
 use crate::mps::daemon::{self, MpsSettings};
 use drain::DrainSettings;
@@ -172,6 +175,20 @@ pub struct AgentArgs {
     /// --output=/var/run/cdi/nvidia.yaml --device-name-strategy=uuid`.
     #[arg(long, env = "GPU_SHARE_CDI_REFRESH_COMMAND", value_name = "COMMAND")]
     pub cdi_refresh_command: Option<String>,
+    /// dra: the kubelet's plugin-registration directory, where the DRA plugin's registration
+    /// socket (`gpu.gpu-share.dev-reg.sock`) goes.
+    #[arg(long, env = "GPU_SHARE_DRA_REGISTRATION_DIR",
+          default_value = crate::dra::kubelet_plugin::DEFAULT_REGISTRATION_DIR)]
+    pub dra_registration_dir: PathBuf,
+    /// dra: the driver's directory: the DRA socket (`dra.sock`) and the prepared claims'
+    /// checkpoint.
+    #[arg(long, env = "GPU_SHARE_DRA_PLUGIN_DIR",
+          default_value = crate::dra::kubelet_plugin::DEFAULT_PLUGIN_DIR)]
+    pub dra_plugin_dir: PathBuf,
+    /// dra: where the CDI spec of each prepared claim is written (the runtime's CDI spec dir).
+    #[arg(long, env = "GPU_SHARE_CDI_ROOT",
+          default_value = crate::dra::kubelet_plugin::DEFAULT_CDI_ROOT)]
+    pub cdi_root: PathBuf,
 }
 
 /// How the device plugin picks up a new config.
@@ -239,9 +256,6 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 
 /// Run until SIGTERM/SIGINT.
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
-    if args.plugin == PluginKind::Dra {
-        anyhow::bail!("{}", crate::dra::NOT_PUBLISHED_YET);
-    }
     let config = kube::Config::infer()
         .await
         .context("cannot find the Kubernetes API (in-cluster config or KUBECONFIG)")?;
@@ -287,6 +301,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     )
     .map_err(anyhow::Error::msg)?;
     let gpus = SharedGpus::new(args.nvml_lib.clone());
+    // --plugin dra: the published slices (sent by the publisher after each publish) and the
+    // applied devices (sent after each apply) the kubelet plugin prepares claims from.
+    let published = watch::channel(Arc::new(Vec::<ResourceSlice>::new())).0;
+    let dra_devices = watch::channel(Arc::new(Inventory::default()));
     let reconciler = Reconciler {
         client: client.clone(),
         eviction_client,
@@ -332,6 +350,16 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             .unwrap_or_default(),
         cdi_refresh_owed: true.into(),
         inventory: Default::default(),
+        dra_devices: (args.plugin == PluginKind::Dra).then(|| dra_devices.0.clone()),
+    };
+    let dra_plugin = match args.plugin {
+        PluginKind::Dra => Some(start_dra_plugin(
+            &args,
+            client.clone(),
+            &published,
+            &dra_devices.0,
+        )?),
+        _ => None,
     };
     let doctor_ok = start_up_checks(&args, &reconciler).await;
     release_forgotten_slot(&reconciler).await;
@@ -355,7 +383,33 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     if let Some(plugins) = &reconciler.plugins {
         plugins.shutdown().await;
     }
+    if let Some(plugin) = dra_plugin {
+        plugin.shutdown().await;
+    }
     Ok(())
+}
+
+/// Serve the kubelet DRA plugin (`--plugin dra`) from the `published` slices and the applied
+/// `devices`.
+fn start_dra_plugin(
+    args: &AgentArgs,
+    client: kube::Client,
+    published: &watch::Sender<Arc<Vec<ResourceSlice>>>,
+    devices: &watch::Sender<Arc<Inventory>>,
+) -> anyhow::Result<KubeletPlugin> {
+    let settings = DraSettings {
+        node_name: args.node_name.clone(),
+        registration_dir: args.dra_registration_dir.clone(),
+        plugin_dir: args.dra_plugin_dir.clone(),
+        cdi_root: args.cdi_root.clone(),
+    };
+    let inputs = DraInputs {
+        slices: published.subscribe(),
+        inventory: devices.subscribe(),
+    };
+    info!(registration = %settings.registration_dir.display(),
+          plugin = %settings.plugin_dir.display(), "serving the kubelet DRA plugin");
+    KubeletPlugin::start(&settings, client, inputs).map_err(anyhow::Error::msg)
 }
 
 /// `config` with every read and write bounded by `limit`, counted from when the request is

@@ -97,6 +97,9 @@ pub struct Reconciler {
     /// The GPUs as last read from NVML, kept while nothing but plugin-config and MPS work was
     /// done since: see [`Reconciler::plan_inventory`] for when it may stand in for a read.
     pub inventory: Mutex<Option<ObservedNode>>,
+    /// `--plugin dra`: after each apply, the applied devices as the built-in plugin would
+    /// advertise them, which is what the kubelet DRA plugin gives a container for each.
+    pub dra_devices: Option<tokio::sync::watch::Sender<std::sync::Arc<Inventory>>>,
 }
 
 /// How a reconcile ended.
@@ -509,6 +512,16 @@ impl Reconciler {
                 &self.apply.mps.root,
             );
             plugins.update(inventory).await;
+        }
+        if let Some(devices) = &self.dra_devices {
+            let observed = self.observe().await.map_err(|e| failed("GpuError", e))?;
+            let inventory = Inventory::from_plan(
+                &report.plan,
+                &observed,
+                &plugin_options,
+                &self.apply.mps.root,
+            );
+            devices.send_replace(std::sync::Arc::new(inventory));
         }
         Ok(())
     }

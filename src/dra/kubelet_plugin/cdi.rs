@@ -145,7 +145,8 @@ mod tests {
     #[test]
     fn edits_carry_env_sorted_and_bind_mounts() {
         let mut r = api::ContainerAllocateResponse::default();
-        r.envs.insert("NVIDIA_VISIBLE_DEVICES".into(), "GPU-a".into());
+        r.envs
+            .insert("NVIDIA_VISIBLE_DEVICES".into(), "GPU-a".into());
         r.envs
             .insert("CUDA_MPS_PIPE_DIRECTORY".into(), "/mps/x/pipe".into());
         r.mounts.push(api::Mount {

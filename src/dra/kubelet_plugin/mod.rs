@@ -95,9 +95,7 @@ impl KubeletPlugin {
             .map_err(|e| format!("cannot serve {}: {e}", dra_socket.display()))?;
         let registration_service =
             RegistrationService::new(DRIVER, &dra_socket.display().to_string());
-        let reg_socket = settings
-            .registration_dir
-            .join(registration_socket_name());
+        let reg_socket = settings.registration_dir.join(registration_socket_name());
         let router = tonic::transport::Server::builder()
             .add_service(RegistrationServer::new(registration_service.clone()));
         let registration = match Serving::start(&reg_socket, router) {

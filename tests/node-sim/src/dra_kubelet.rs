@@ -102,7 +102,9 @@ impl DraKubelet {
             .unwrap()
             .get(driver)
             .map(|r| r.client.clone())
-            .ok_or_else(|| tonic::Status::unavailable(format!("DRA driver {driver} is not registered")))
+            .ok_or_else(|| {
+                tonic::Status::unavailable(format!("DRA driver {driver} is not registered"))
+            })
     }
 
     /// `NodePrepareResources` for `claims`, as the kubelet calls it before a pod's containers.
