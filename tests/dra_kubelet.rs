@@ -76,11 +76,12 @@ fn applied(plan: &NodePlan, node: &ObservedNode) -> ObservedNode {
     node
 }
 
-/// What the agent hands the plugin for the example profile: the slices and the inventory.
-fn published() -> (Vec<ResourceSlice>, Inventory) {
-    let profile = parse_profile("mixed", &profile_text("builtin/h100-mixed-sharing")).unwrap();
+/// What the agent hands the plugin for example profile `name` on 8 × H100: the slices and the
+/// inventory.
+fn published(name: &str) -> (Vec<ResourceSlice>, Inventory) {
+    let profile = parse_profile("p", &profile_text(name)).unwrap();
     let node = ObservedNode::simulated(&["h100x8".to_string()]);
-    let plan = plan_for("mixed", &profile, &node, PluginKind::Dra).unwrap();
+    let plan = plan_for("p", &profile, &node, PluginKind::Dra).unwrap();
     let node = applied(&plan, &node);
     let slices = resource_slices(NODE, 1, &plan.gpus, &node);
     let options: PluginOptions = profile.plugin.clone();
@@ -99,6 +100,10 @@ struct Node {
 
 impl Node {
     fn new() -> Node {
+        Node::with_profile("builtin/h100-mixed-sharing")
+    }
+
+    fn with_profile(profile: &str) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let settings = Settings {
             node_name: NODE.into(),
@@ -107,7 +112,7 @@ impl Node {
             cdi_root: dir.path().join("cdi"),
         };
         std::fs::create_dir_all(&settings.registration_dir).unwrap();
-        let (slices, inventory) = published();
+        let (slices, inventory) = published(profile);
         Node {
             kubelet: DraKubelet::watch(&settings.registration_dir),
             settings,
@@ -371,6 +376,35 @@ async fn a_mig_device_a_time_sliced_share_and_an_mps_share_get_the_builtin_plugi
             .any(|(h, c)| h == "/run/nvidia/mps/shm" && c == "/dev/shm"),
         "{mounts:?}"
     );
+    plugin.shutdown().await;
+}
+
+/// MPS inside MIG devices (`builtin/h100-mps-in-mig`): a share is a replica of its MIG device
+/// and reaches that device's own daemon, as the built-in plugin sends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mps_share_of_a_mig_device_reaches_that_devices_daemon() {
+    let node = Node::with_profile("builtin/h100-mps-in-mig");
+    let plugin = node.start().await;
+    let share = node.device("mps", 5);
+    let mig_uuid = text(&share, "migUUID").to_string();
+    assert!(mig_uuid.starts_with("MIG-"), "{mig_uuid}");
+    let uid = node
+        .allocated_claim("mps-mig", &[("gpu", &share.name)])
+        .await;
+    let answer = node.prepare("mps-mig", &uid).await;
+    assert_eq!(answer.error, "");
+    let builtin_id = format!("{mig_uuid}::{}", int(&share, "shareIndex"));
+    let (env, mounts) = spec_edits(&node.spec(&uid));
+    assert_eq!((env.clone(), mounts), node.builtin_answer(&builtin_id));
+    assert!(
+        env.contains(&format!("NVIDIA_VISIBLE_DEVICES={mig_uuid}")),
+        "{env:?}"
+    );
+    let pipe = env
+        .iter()
+        .find_map(|e| e.strip_prefix("CUDA_MPS_PIPE_DIRECTORY="))
+        .unwrap();
+    assert!(pipe.ends_with(&format!("/{mig_uuid}/pipe")), "{pipe}");
     plugin.shutdown().await;
 }
 
