@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpu_share::builtin_plugin::Inventory;
+use gpu_share::builtin_plugin::{DeviceListStrategy, DeviceListing, Inventory};
 use gpu_share::dra::api::{Device, ResourceSlice};
 use gpu_share::dra::kubelet_plugin::api::dra::NodePrepareResourceResponse;
 use gpu_share::dra::kubelet_plugin::cdi::Spec;
@@ -91,6 +91,7 @@ fn published(name: &str) -> (Vec<ResourceSlice>, Inventory) {
 
 struct Node {
     _dir: tempfile::TempDir,
+    listing: DeviceListing,
     settings: Settings,
     api: KubeDouble,
     slices: watch::Sender<Arc<Vec<ResourceSlice>>>,
@@ -114,6 +115,7 @@ impl Node {
         std::fs::create_dir_all(&settings.registration_dir).unwrap();
         let (slices, inventory) = published(profile);
         Node {
+            listing: DeviceListing::default(),
             kubelet: DraKubelet::watch(&settings.registration_dir),
             settings,
             _dir: dir,
@@ -141,6 +143,7 @@ impl Node {
             Inputs {
                 slices: self.slices.subscribe(),
                 inventory: self.inventory.subscribe(),
+                listing: self.listing.clone(),
             },
         )
     }
@@ -405,6 +408,60 @@ async fn an_mps_share_of_a_mig_device_reaches_that_devices_daemon() {
         .find_map(|e| e.strip_prefix("CUDA_MPS_PIPE_DIRECTORY="))
         .unwrap();
     assert!(pipe.ends_with(&format!("/{mig_uuid}/pipe")), "{pipe}");
+    plugin.shutdown().await;
+}
+
+/// `--device-list-strategy cdi-cri` (without `envvar`), as the built-in plugin takes it: each
+/// device's answer names the device in the NVIDIA CDI spec (`nvidia.com/gpu=<uuid>`, which
+/// brings the device nodes) and the claim's spec drops `NVIDIA_VISIBLE_DEVICES`; a device left
+/// with no edits gets no CDI device of the claim (the CDI library refuses a spec with an empty
+/// device: "invalid device, empty device edits"), and a claim of only such devices no spec.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cdi_cri_names_the_nvidia_cdi_device_beside_the_claims_own() {
+    let mut node = Node::new();
+    node.listing = DeviceListing::new(
+        &[DeviceListStrategy::CdiCri],
+        "nvidia.com/gpu",
+        "cdi.k8s.io/",
+    )
+    .unwrap();
+    let plugin = node.start().await;
+    let mig = node.device("mig", 0);
+    let mig_uuid = text(&mig, "uuid").to_string();
+    let uid = node.allocated_claim("cri", &[("gpu", &mig.name)]).await;
+    let answer = node.prepare("cri", &uid).await;
+    assert_eq!(answer.error, "");
+    assert_eq!(
+        answer.devices[0].cdi_device_ids,
+        [format!("nvidia.com/gpu={mig_uuid}")]
+    );
+    assert!(!node.spec_path(&uid).exists());
+    assert!(node.checkpoint().prepared(&uid).is_some());
+
+    // An MPS share keeps its MPS edits in the claim's spec, beside the NVIDIA CDI device.
+    let mps = node.device("mps", 0);
+    let gpu_uuid = text(&mps, "parentUUID").to_string();
+    let uid = node.allocated_claim("cri-mps", &[("gpu", &mps.name)]).await;
+    let answer = node.prepare("cri-mps", &uid).await;
+    assert_eq!(answer.error, "");
+    assert_eq!(
+        answer.devices[0].cdi_device_ids,
+        [
+            format!("gpu.gpu-share.dev/claim={uid}-{}", mps.name),
+            format!("nvidia.com/gpu={gpu_uuid}"),
+        ]
+    );
+    let (env, mounts) = spec_edits(&node.spec(&uid));
+    assert!(
+        !env.iter().any(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES=")),
+        "{env:?}"
+    );
+    assert!(
+        env.iter()
+            .any(|e| e.starts_with("CUDA_MPS_PIPE_DIRECTORY=")),
+        "{env:?}"
+    );
+    assert_eq!(mounts.len(), 2, "{mounts:?}");
     plugin.shutdown().await;
 }
 

@@ -151,6 +151,8 @@ pub struct AgentArgs {
     pub kubelet_poll_ms: u64,
     /// builtin: how Allocate names the devices, comma-separated as NVIDIA's plugin takes it:
     /// `envvar` (NVIDIA_VISIBLE_DEVICES), `cdi-cri` (CDI names in the CRI field), `cdi-annotations`.
+    /// dra: `cdi-cri` adds `<cdi kind>=<uuid>` to each prepared device's CDI IDs, and without
+    /// `envvar` the claim's CDI spec sets no NVIDIA_VISIBLE_DEVICES.
     #[arg(
         long,
         env = "GPU_SHARE_DEVICE_LIST_STRATEGY",
@@ -159,7 +161,7 @@ pub struct AgentArgs {
         default_value = "envvar"
     )]
     pub device_list_strategy: Vec<crate::builtin_plugin::DeviceListStrategy>,
-    /// builtin: the CDI kind of the device names (`<kind>=<uuid>`); the default is the kind
+    /// builtin, dra: the CDI kind of the device names (`<kind>=<uuid>`); the default is the kind
     /// `nvidia-ctk cdi generate` writes.
     #[arg(long, env = "GPU_SHARE_CDI_KIND", default_value = crate::builtin_plugin::cdi::DEFAULT_KIND,
           value_parser = crate::builtin_plugin::cdi::parse_kind)]
@@ -406,6 +408,12 @@ fn start_dra_plugin(
     let inputs = DraInputs {
         slices: published.subscribe(),
         inventory: devices.subscribe(),
+        listing: crate::builtin_plugin::DeviceListing::new(
+            &args.device_list_strategy,
+            &args.cdi_kind,
+            &args.cdi_annotation_prefix,
+        )
+        .map_err(anyhow::Error::msg)?,
     };
     info!(registration = %settings.registration_dir.display(),
           plugin = %settings.plugin_dir.display(), "serving the kubelet DRA plugin");

@@ -48,6 +48,14 @@ pub struct ContainerEdits {
     pub mounts: Vec<Mount>,
 }
 
+impl ContainerEdits {
+    /// Nothing to do: such a device must not be in a spec (the CDI library refuses the whole
+    /// spec: "invalid device, empty device edits").
+    pub fn is_empty(&self) -> bool {
+        self.env.is_empty() && self.mounts.is_empty()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Mount {

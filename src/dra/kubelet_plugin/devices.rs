@@ -11,7 +11,7 @@
 //! The attributes are the ones `dra::resource_slices` publishes (docs/dra.md).
 
 use crate::builtin_plugin::api::ContainerAllocateResponse;
-use crate::builtin_plugin::Inventory;
+use crate::builtin_plugin::{DeviceListing, Inventory};
 use crate::dra::api::{Device, ResourceSlice};
 
 /// The published device `name` in `pool`, if the latest slices have it.
@@ -28,10 +28,14 @@ pub fn find_published<'a>(
 }
 
 /// What a container given `device` gets: the built-in plugin's `Allocate` answer for the same
-/// device.
+/// device, rewritten for `listing` as the built-in plugin rewrites it (`cdi-cri`: the device's
+/// CDI name in `cdi_devices`, e.g. `nvidia.com/gpu=<uuid>` from `nvidia-ctk cdi generate`'s
+/// spec, which brings the device nodes; without `envvar`, no `NVIDIA_VISIBLE_DEVICES`). The
+/// `cdi-annotations` strategy has no DRA counterpart: the answer's annotation is dropped.
 pub fn container_edits(
     device: &Device,
     inventory: &Inventory,
+    listing: &DeviceListing,
 ) -> Result<ContainerAllocateResponse, String> {
     let id = builtin_id(device)?;
     let resource = inventory
@@ -44,9 +48,13 @@ pub fn container_edits(
                 device.name
             )
         })?;
-    resource
-        .allocate(std::slice::from_ref(&id))
-        .map_err(|e| format!("device {}: {e}", device.name))
+    let ids = std::slice::from_ref(&id);
+    let mut allocation = resource
+        .allocate(ids)
+        .map_err(|e| format!("device {}: {e}", device.name))?;
+    listing.apply(ids, "", &mut allocation);
+    allocation.annotations.clear();
+    Ok(allocation)
 }
 
 /// The built-in plugin's ID for `device`: `<uuid>` or `<uuid>::<share>`.

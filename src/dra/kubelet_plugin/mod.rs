@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use tokio::sync::{watch, Mutex};
 
-use crate::builtin_plugin::Inventory;
+use crate::builtin_plugin::{DeviceListing, Inventory};
 use crate::dra::api::ResourceSlice;
 use crate::dra::DRIVER;
 use api::dra::dra_plugin_server::DraPluginServer;
@@ -61,6 +61,10 @@ pub struct Settings {
 pub struct Inputs {
     pub slices: watch::Receiver<Arc<Vec<ResourceSlice>>>,
     pub inventory: watch::Receiver<Arc<Inventory>>,
+    /// `--device-list-strategy` and `--cdi-kind`, as for the built-in plugin: with `cdi-cri`
+    /// each device's answer also names `<kind>=<uuid>` (the NVIDIA CDI spec's device, with the
+    /// device nodes); without `envvar` the claim's spec sets no `NVIDIA_VISIBLE_DEVICES`.
+    pub listing: DeviceListing,
 }
 
 /// The running plugin: both sockets.
@@ -86,6 +90,7 @@ impl KubeletPlugin {
             checkpoint_path: settings.plugin_dir.join(checkpoint::FILE),
             slices: inputs.slices,
             inventory: inputs.inventory,
+            listing: Arc::new(inputs.listing),
             checkpoint: Mutex::default(),
         }
         .recover()?;

@@ -19,7 +19,7 @@ use super::api::dra::{
 };
 use super::checkpoint::{Checkpoint, ClaimEntry, ClaimState, PreparedDevice};
 use super::{cdi, claim, devices};
-use crate::builtin_plugin::Inventory;
+use crate::builtin_plugin::{DeviceListing, Inventory};
 use crate::dra::api::ResourceSlice;
 use crate::dra::DRIVER;
 
@@ -34,6 +34,8 @@ pub struct Preparer {
     pub slices: watch::Receiver<Arc<Vec<ResourceSlice>>>,
     /// The applied devices as the built-in plugin would advertise them: what each needs.
     pub inventory: watch::Receiver<Arc<Inventory>>,
+    /// How devices are named to the runtime beside the claim's own CDI device.
+    pub listing: Arc<DeviceListing>,
     pub checkpoint: Mutex<Checkpoint>,
 }
 
@@ -115,9 +117,15 @@ impl Preparer {
         };
         checkpoint.claims.insert(claim.uid.clone(), entry.clone());
         checkpoint.save(&self.checkpoint_path)?;
-        let text = serde_json::to_string_pretty(&spec).expect("plain data serializes");
-        let written = crate::device_plugin::write_if_changed(&path, &text)
-            .map_err(|e| format!("cannot write the CDI spec {}: {e}", path.display()));
+        let written = match &spec {
+            Some(spec) => {
+                let text = serde_json::to_string_pretty(spec).expect("plain data serializes");
+                crate::device_plugin::write_if_changed(&path, &text)
+                    .map(|_| ())
+                    .map_err(|e| format!("cannot write the CDI spec {}: {e}", path.display()))
+            }
+            None => remove_file(&path),
+        };
         if let Err(e) = written {
             checkpoint.claims.remove(&claim.uid);
             let _ = checkpoint.save(&self.checkpoint_path);
@@ -132,13 +140,14 @@ impl Preparer {
         Ok(answer)
     }
 
-    /// The answer and the CDI spec for `allocated`, each device checked against the latest
-    /// published slices. Every missing device is named, not only the first.
+    /// The answer and the CDI spec for `allocated` (none when no device has edits), each
+    /// device checked against the latest published slices. Every missing device is named, not
+    /// only the first.
     fn answer(
         &self,
         claim: &Claim,
         allocated: &[claim::AllocatedDevice],
-    ) -> Result<(Vec<PreparedDevice>, cdi::Spec), String> {
+    ) -> Result<(Vec<PreparedDevice>, Option<cdi::Spec>), String> {
         let slices = self.slices.borrow().clone();
         let inventory = self.inventory.borrow().clone();
         let mut problems = Vec::new();
@@ -152,19 +161,27 @@ impl Preparer {
                 ));
                 continue;
             };
-            match devices::container_edits(device, &inventory) {
+            match devices::container_edits(device, &inventory, &self.listing) {
                 Ok(allocation) => {
                     // A device allocated for several requests is prepared once.
                     if let Some(seen) = answer.iter_mut().find(|d| d.device_name == a.device) {
                         seen.request_names.push(a.request.clone());
                         continue;
                     }
-                    edits.push((a.device.clone(), cdi::edits(&allocation)));
+                    // The claim's own CDI device only where it has edits: with `cdi-cri`
+                    // and no `envvar`, a device that is not an MPS share has none.
+                    let device_edits = cdi::edits(&allocation);
+                    let mut cdi_device_ids = Vec::new();
+                    if !device_edits.is_empty() {
+                        cdi_device_ids.push(cdi::device_id(&claim.uid, &a.device));
+                        edits.push((a.device.clone(), device_edits));
+                    }
+                    cdi_device_ids.extend(allocation.cdi_devices.into_iter().map(|d| d.name));
                     answer.push(PreparedDevice {
                         request_names: vec![a.request.clone()],
                         pool_name: a.pool.clone(),
                         device_name: a.device.clone(),
-                        cdi_device_ids: vec![cdi::device_id(&claim.uid, &a.device)],
+                        cdi_device_ids,
                     });
                 }
                 Err(e) => problems.push(e),
@@ -178,7 +195,8 @@ impl Preparer {
                 problems.join("; ")
             ));
         }
-        Ok((answer, cdi::spec(&claim.uid, edits)))
+        let spec = (!edits.is_empty()).then(|| cdi::spec(&claim.uid, edits));
+        Ok((answer, spec))
     }
 
     /// Unprepare one claim: its spec and checkpoint entry go. A claim never prepared (or
