@@ -665,3 +665,33 @@ fn the_agent_serves_the_dra_plugin_and_removes_its_sockets_on_sigterm() {
         assert!(plugin_dir.join("checkpoint.json").exists());
     });
 }
+
+/// A CDI spec that cannot be written fails the claim and leaves nothing behind (no checkpoint
+/// entry, no spec), so the kubelet's retry prepares it afresh once the directory is usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_that_cannot_be_written_fails_the_claim_and_a_retry_prepares_it() {
+    let node = Node::new();
+    let plugin = node.start().await;
+    let device = node.device("exclusive", 0);
+    let uid = node
+        .allocated_claim("blocked", &[("gpu", &device.name)])
+        .await;
+    // The CDI directory is a plain file: no spec can be written under it.
+    let _ = std::fs::remove_dir_all(&node.settings.cdi_root);
+    std::fs::write(&node.settings.cdi_root, "not a directory").unwrap();
+    let answer = node.prepare("blocked", &uid).await;
+    assert!(
+        answer.error.starts_with("cannot write the CDI spec"),
+        "{}",
+        answer.error
+    );
+    assert!(answer.devices.is_empty());
+    assert!(node.checkpoint().claims.is_empty());
+
+    std::fs::remove_file(&node.settings.cdi_root).unwrap();
+    let answer = node.prepare("blocked", &uid).await;
+    assert_eq!(answer.error, "");
+    assert!(node.spec_path(&uid).exists());
+    assert!(node.checkpoint().prepared(&uid).is_some());
+    plugin.shutdown().await;
+}

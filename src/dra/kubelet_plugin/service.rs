@@ -126,15 +126,17 @@ impl Preparer {
             }
             None => remove_file(&path),
         };
-        if let Err(e) = written {
-            checkpoint.claims.remove(&claim.uid);
-            let _ = checkpoint.save(&self.checkpoint_path);
-            return Err(e);
-        }
         entry.state = ClaimState::Prepared;
         entry.devices = answer.clone();
         checkpoint.claims.insert(claim.uid.clone(), entry);
-        checkpoint.save(&self.checkpoint_path)?;
+        if let Err(e) = written.and_then(|()| checkpoint.save(&self.checkpoint_path)) {
+            // Not prepared after all: no spec, no entry, so the kubelet's retry starts afresh
+            // (a file still saying `preparing` is cleaned up at the next start).
+            checkpoint.claims.remove(&claim.uid);
+            let _ = remove_file(&path);
+            let _ = checkpoint.save(&self.checkpoint_path);
+            return Err(e);
+        }
         info!(claim = %format!("{}/{}", claim.namespace, claim.name), devices = answer.len(),
               "prepared the claim");
         Ok(answer)
