@@ -13,12 +13,15 @@ use crate::profile::Profile;
 impl Reconciler {
     /// After an apply: the pool becomes the applied plan's devices, with the UUIDs NVML shows
     /// now (MIG devices just created included). Nothing is written when the API holds them.
-    pub(super) async fn publish_slices(&self, plan: &NodePlan) -> Result<(), Outcome> {
+    pub(super) async fn publish_slices(
+        &self,
+        plan: &NodePlan,
+        observed: &ObservedNode,
+    ) -> Result<(), Outcome> {
         let Some(publisher) = &self.dra else {
             return Ok(());
         };
-        let observed = self.observe().await.map_err(|e| failed("GpuError", e))?;
-        let slices = dra::resource_slices(&self.node_name, 0, &plan.gpus, &observed);
+        let slices = dra::resource_slices(&self.node_name, 0, &plan.gpus, observed);
         match publisher.publish(slices).await {
             Ok(publish::Outcome::Unchanged) => Ok(()),
             Ok(publish::Outcome::Written { generation }) => {

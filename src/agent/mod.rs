@@ -17,6 +17,7 @@ pub mod reconcile;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -29,9 +30,11 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::apply::{ApplyOptions, DevicePluginOutput};
-use crate::builtin_plugin::{ManagerSettings, PluginKind, PluginManager};
+use crate::builtin_plugin::{Inventory, ManagerSettings, PluginKind, PluginManager};
 use crate::device_plugin::SignalTarget;
 use crate::doctor::{self, DoctorOptions, Status};
+use crate::dra::api::ResourceSlice;
+use crate::dra::kubelet_plugin::{Inputs as DraInputs, KubeletPlugin, Settings as DraSettings};
 use crate::gpu::SharedGpus;
 use crate::mps::daemon::{self, MpsSettings};
 use drain::DrainSettings;
@@ -150,6 +153,8 @@ pub struct AgentArgs {
     pub kubelet_poll_ms: u64,
     /// builtin: how Allocate names the devices, comma-separated as NVIDIA's plugin takes it:
     /// `envvar` (NVIDIA_VISIBLE_DEVICES), `cdi-cri` (CDI names in the CRI field), `cdi-annotations`.
+    /// dra: `cdi-cri` adds `<cdi kind>=<uuid>` to each prepared device's CDI IDs, and without
+    /// `envvar` the claim's CDI spec sets no NVIDIA_VISIBLE_DEVICES.
     #[arg(
         long,
         env = "GPU_SHARE_DEVICE_LIST_STRATEGY",
@@ -158,7 +163,7 @@ pub struct AgentArgs {
         default_value = "envvar"
     )]
     pub device_list_strategy: Vec<crate::builtin_plugin::DeviceListStrategy>,
-    /// builtin: the CDI kind of the device names (`<kind>=<uuid>`); the default is the kind
+    /// builtin, dra: the CDI kind of the device names (`<kind>=<uuid>`); the default is the kind
     /// `nvidia-ctk cdi generate` writes.
     #[arg(long, env = "GPU_SHARE_CDI_KIND", default_value = crate::builtin_plugin::cdi::DEFAULT_KIND,
           value_parser = crate::builtin_plugin::cdi::parse_kind)]
@@ -174,6 +179,20 @@ pub struct AgentArgs {
     /// --output=/var/run/cdi/nvidia.yaml --device-name-strategy=uuid`.
     #[arg(long, env = "GPU_SHARE_CDI_REFRESH_COMMAND", value_name = "COMMAND")]
     pub cdi_refresh_command: Option<String>,
+    /// dra: the kubelet's plugin-registration directory, where the DRA plugin's registration
+    /// socket (`gpu.gpu-share.dev-reg.sock`) goes.
+    #[arg(long, env = "GPU_SHARE_DRA_REGISTRATION_DIR",
+          default_value = crate::dra::kubelet_plugin::DEFAULT_REGISTRATION_DIR)]
+    pub dra_registration_dir: PathBuf,
+    /// dra: the driver's directory: the DRA socket (`dra.sock`) and the prepared claims'
+    /// checkpoint.
+    #[arg(long, env = "GPU_SHARE_DRA_PLUGIN_DIR",
+          default_value = crate::dra::kubelet_plugin::DEFAULT_PLUGIN_DIR)]
+    pub dra_plugin_dir: PathBuf,
+    /// dra: where the CDI spec of each prepared claim is written (the runtime's CDI spec dir).
+    #[arg(long, env = "GPU_SHARE_CDI_ROOT",
+          default_value = crate::dra::kubelet_plugin::DEFAULT_CDI_ROOT)]
+    pub cdi_root: PathBuf,
 }
 
 /// How the device plugin picks up a new config.
@@ -299,6 +318,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     )
     .map_err(anyhow::Error::msg)?;
     let gpus = SharedGpus::new(args.nvml_lib.clone());
+    // --plugin dra: the applied devices (sent after each apply) the kubelet plugin prepares
+    // claims from, beside the published slices (`dra.subscribe()`).
+    let dra_devices = watch::channel(Arc::new(Inventory::default()));
+    let published_slices = dra.as_ref().map(crate::dra::publish::Publisher::subscribe);
     let reconciler = Reconciler {
         client: client.clone(),
         eviction_client,
@@ -345,6 +368,16 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             .unwrap_or_default(),
         cdi_refresh_owed: true.into(),
         inventory: Default::default(),
+        dra_devices: (args.plugin == PluginKind::Dra).then(|| dra_devices.0.clone()),
+    };
+    let dra_plugin = match published_slices {
+        Some(slices) => Some(start_dra_plugin(
+            &args,
+            client.clone(),
+            slices,
+            &dra_devices.0,
+        )?),
+        None => None,
     };
     let doctor_ok = start_up_checks(&args, &reconciler).await;
     release_forgotten_slot(&reconciler).await;
@@ -368,7 +401,39 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     if let Some(plugins) = &reconciler.plugins {
         plugins.shutdown().await;
     }
+    if let Some(plugin) = dra_plugin {
+        plugin.shutdown().await;
+    }
     Ok(())
+}
+
+/// Serve the kubelet DRA plugin (`--plugin dra`) from the `published` slices and the applied
+/// `devices`.
+fn start_dra_plugin(
+    args: &AgentArgs,
+    client: kube::Client,
+    published: watch::Receiver<Arc<Vec<ResourceSlice>>>,
+    devices: &watch::Sender<Arc<Inventory>>,
+) -> anyhow::Result<KubeletPlugin> {
+    let settings = DraSettings {
+        node_name: args.node_name.clone(),
+        registration_dir: args.dra_registration_dir.clone(),
+        plugin_dir: args.dra_plugin_dir.clone(),
+        cdi_root: args.cdi_root.clone(),
+    };
+    let inputs = DraInputs {
+        slices: published,
+        inventory: devices.subscribe(),
+        listing: crate::builtin_plugin::DeviceListing::new(
+            &args.device_list_strategy,
+            &args.cdi_kind,
+            &args.cdi_annotation_prefix,
+        )
+        .map_err(anyhow::Error::msg)?,
+    };
+    info!(registration = %settings.registration_dir.display(),
+          plugin = %settings.plugin_dir.display(), "serving the kubelet DRA plugin");
+    KubeletPlugin::start(&settings, client, inputs).map_err(anyhow::Error::msg)
 }
 
 /// `config` with every read and write bounded by `limit`, counted from when the request is

@@ -99,6 +99,9 @@ pub struct Reconciler {
     /// The GPUs as last read from NVML, kept while nothing but plugin-config and MPS work was
     /// done since: see [`Reconciler::plan_inventory`] for when it may stand in for a read.
     pub inventory: Mutex<Option<ObservedNode>>,
+    /// `--plugin dra`: after each apply, the applied devices as the built-in plugin would
+    /// advertise them, which is what the kubelet DRA plugin gives a container for each.
+    pub dra_devices: Option<tokio::sync::watch::Sender<std::sync::Arc<Inventory>>>,
 }
 
 /// How a reconcile ended.
@@ -513,7 +516,20 @@ impl Reconciler {
             );
             plugins.update(inventory).await;
         }
-        self.publish_slices(&report.plan).await
+        if let Some(devices) = &self.dra_devices {
+            // The kubelet DRA plugin learns the applied devices before their slices are
+            // published: the scheduler may allocate a new device as soon as it sees it.
+            let observed = self.observe().await.map_err(|e| failed("GpuError", e))?;
+            let inventory = Inventory::from_plan(
+                &report.plan,
+                &observed,
+                &plugin_options,
+                &self.apply.mps.root,
+            );
+            devices.send_replace(std::sync::Arc::new(inventory));
+            return self.publish_slices(&report.plan, &observed).await;
+        }
+        Ok(())
     }
 
     /// Run the CDI refresh command when one is configured and owed (after a MIG change, or

@@ -20,6 +20,7 @@
 //! twice without counters.
 
 pub mod api;
+pub mod kubelet_plugin;
 pub mod pool;
 pub mod publish;
 

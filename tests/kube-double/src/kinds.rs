@@ -193,6 +193,21 @@ pub(crate) const KINDS: &[KindInfo] = &[
         tracks_generation: true,
         fields: &[],
     },
+    // resource.k8s.io/v1 ResourceClaim (the registry's resourceclaim strategy): namespaced,
+    // `/status` written by the scheduler (allocation) and the kubelet (reservedFor), generation
+    // bumped on spec changes, no create on update.
+    KindInfo {
+        group: "resource.k8s.io",
+        version: "v1",
+        plural: "resourceclaims",
+        kind: "ResourceClaim",
+        namespaced: true,
+        status_subresource: true,
+        allow_create_on_update: false,
+        allow_unconditional_update: true,
+        tracks_generation: true,
+        fields: &[],
+    },
 ];
 
 pub(crate) const PODS: KindId = 1;

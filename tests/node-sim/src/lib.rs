@@ -27,11 +27,13 @@ use nvidia_ml::{cdylib_path, read_log, Gpu, LogEntry, State};
 mod agent;
 mod cli;
 mod device_plugins;
+mod dra_kubelet;
 mod pod_resources;
 
 pub use agent::*;
 pub use cli::*;
 pub use device_plugins::{dial_plugin, gpu_allocatable, Advertised, DevicePluginKubelet};
+pub use dra_kubelet::{claim, DraKubelet, KUBELET_DRA_SERVICES};
 pub use pod_resources::PodResourcesKubelet;
 
 pub const NS: &str = "gpu-share";

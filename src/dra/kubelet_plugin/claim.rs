@@ -1,0 +1,138 @@
+//! The ResourceClaim a `NodePrepareResources` call names: read from the API server (the kubelet
+//! sends only namespace, name and UID) and reduced to the devices allocated from this driver's
+//! pool on this node.
+//!
+//! resource.k8s.io/v1 is read as JSON (`DynamicObject`): k8s-openapi has the v1 types only under
+//! its `v1_34` feature and the workspace pins `v1_33` (`src/dra/api.rs` says why). The fields
+//! read are the API's `ResourceClaimStatus.allocation.devices.results[]`
+//! (`DeviceRequestAllocationResult`: request, driver, pool, device).
+
+use kube::api::{Api, ApiResource, DynamicObject};
+use serde::Deserialize;
+
+/// resource.k8s.io/v1 ResourceClaim, for the dynamic client.
+pub fn resource() -> ApiResource {
+    ApiResource {
+        group: "resource.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "resource.k8s.io/v1".into(),
+        kind: "ResourceClaim".into(),
+        plural: "resourceclaims".into(),
+    }
+}
+
+/// One device the scheduler allocated to the claim from this driver.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct AllocatedDevice {
+    /// The claim's request it satisfies (`<request>` or `<request>/<subrequest>`).
+    pub request: String,
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ClaimStatus {
+    allocation: Option<Allocation>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Allocation {
+    devices: Option<DeviceAllocation>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct DeviceAllocation {
+    #[serde(default)]
+    results: Vec<AllocatedDevice>,
+}
+
+/// GET `namespace/name` and check it is the claim the kubelet means (`uid`): a claim deleted
+/// and recreated under the same name is another claim.
+pub async fn fetch(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<DynamicObject, String> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource());
+    let claim = api
+        .get(name)
+        .await
+        .map_err(|e| format!("cannot read ResourceClaim {namespace}/{name}: {e}"))?;
+    match claim.metadata.uid.as_deref() {
+        Some(found) if found == uid => Ok(claim),
+        found => Err(format!(
+            "ResourceClaim {namespace}/{name} has UID {}, not {uid} as the kubelet asked (deleted and created again?)",
+            found.unwrap_or("(none)")
+        )),
+    }
+}
+
+/// The devices allocated to `claim` by `driver`, which must all come from `pool` (this node's).
+/// A claim not allocated yet, or allocated another node's devices, is an error naming it.
+pub fn allocated_devices(
+    claim: &DynamicObject,
+    driver: &str,
+    pool: &str,
+) -> Result<Vec<AllocatedDevice>, String> {
+    let shown = format!(
+        "ResourceClaim {}/{}",
+        claim.metadata.namespace.as_deref().unwrap_or(""),
+        claim.metadata.name.as_deref().unwrap_or("")
+    );
+    let status: ClaimStatus = match claim.data.get("status") {
+        Some(value) => serde_json::from_value(value.clone())
+            .map_err(|e| format!("{shown}: unreadable status: {e}"))?,
+        None => ClaimStatus::default(),
+    };
+    let results = status
+        .allocation
+        .ok_or_else(|| format!("{shown} is not allocated"))?
+        .devices
+        .unwrap_or_default()
+        .results;
+    let ours: Vec<AllocatedDevice> = results.into_iter().filter(|r| r.driver == driver).collect();
+    if let Some(other) = ours.iter().find(|r| r.pool != pool) {
+        return Err(format!(
+            "{shown}: device {} of request {:?} is from pool {:?}, not this node's ({pool:?})",
+            other.device, other.request, other.pool
+        ));
+    }
+    Ok(ours)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn claim(status: serde_json::Value) -> DynamicObject {
+        let mut obj = DynamicObject::new("c", &resource()).within("ns");
+        obj.data = json!({ "status": status });
+        obj
+    }
+
+    #[test]
+    fn only_this_drivers_results_count_and_must_be_from_this_pool() {
+        let c = claim(json!({"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.gpu-share.dev", "pool": "node-a", "device": "gpu-0"},
+            {"request": "nic", "driver": "net.example.com", "pool": "x", "device": "eth0"},
+        ]}}}));
+        let ours = allocated_devices(&c, "gpu.gpu-share.dev", "node-a").unwrap();
+        assert_eq!(ours.len(), 1);
+        assert_eq!(ours[0].device, "gpu-0");
+        let e = allocated_devices(&c, "gpu.gpu-share.dev", "node-b").unwrap_err();
+        assert!(e.contains("ResourceClaim ns/c: device gpu-0"), "{e}");
+        assert!(e.contains("not this node's (\"node-b\")"), "{e}");
+    }
+
+    #[test]
+    fn an_unallocated_claim_is_named() {
+        let e = allocated_devices(&claim(json!({})), "d", "p").unwrap_err();
+        assert_eq!(e, "ResourceClaim ns/c is not allocated");
+        let mut bare = claim(json!({}));
+        bare.data = json!({});
+        assert!(allocated_devices(&bare, "d", "p").is_err());
+    }
+}

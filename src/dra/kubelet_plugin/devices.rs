@@ -1,0 +1,132 @@
+//! From a published device to what a container given it needs. The built-in plugin already
+//! answers that for every device it advertises (`ResourceDevices::allocate`: the device's UUID
+//! in `NVIDIA_VISIBLE_DEVICES`; for MPS the daemon's pipe directory, `/dev/shm` and the
+//! per-client limits), so a DRA device is mapped to the built-in device it is and asked the
+//! same question, not answered a second way:
+//!
+//! - `gpu-<i>` (exclusive) and `gpu-<i>-mig-…` (an unshared MIG device): the device's `uuid`;
+//! - `<device>-share-<k>` (time-sliced or MPS): replica `k` of the shared GPU or MIG device,
+//!   `<uuid>::<k>` where the UUID is `migUUID` (a share of a MIG device) or `parentUUID`.
+//!
+//! The attributes are the ones `dra::resource_slices` publishes (docs/dra.md).
+
+use crate::builtin_plugin::api::ContainerAllocateResponse;
+use crate::builtin_plugin::{DeviceListing, Inventory};
+use crate::dra::api::{Device, ResourceSlice};
+
+/// The published device `name` in `pool`, if the latest slices have it.
+pub fn find_published<'a>(
+    slices: &'a [ResourceSlice],
+    pool: &str,
+    name: &str,
+) -> Option<&'a Device> {
+    slices
+        .iter()
+        .filter(|s| s.spec.pool.name == pool)
+        .flat_map(|s| &s.spec.devices)
+        .find(|d| d.name == name)
+}
+
+/// What a container given `device` gets: the built-in plugin's `Allocate` answer for the same
+/// device, rewritten for `listing` as the built-in plugin rewrites it (`cdi-cri`: the device's
+/// CDI name in `cdi_devices`, e.g. `nvidia.com/gpu=<uuid>` from `nvidia-ctk cdi generate`'s
+/// spec, which brings the device nodes; without `envvar`, no `NVIDIA_VISIBLE_DEVICES`). The
+/// `cdi-annotations` strategy has no DRA counterpart: the answer's annotation is dropped.
+pub fn container_edits(
+    device: &Device,
+    inventory: &Inventory,
+    listing: &DeviceListing,
+) -> Result<ContainerAllocateResponse, String> {
+    let id = builtin_id(device)?;
+    let resource = inventory
+        .resources
+        .values()
+        .find(|r| r.devices.iter().any(|d| d.id == id))
+        .ok_or_else(|| {
+            format!(
+                "device {} ({id}) is published but not among the node's applied devices",
+                device.name
+            )
+        })?;
+    let ids = std::slice::from_ref(&id);
+    let mut allocation = resource
+        .allocate(ids)
+        .map_err(|e| format!("device {}: {e}", device.name))?;
+    listing.apply(ids, "", &mut allocation);
+    allocation.annotations.clear();
+    Ok(allocation)
+}
+
+/// The built-in plugin's ID for `device`: `<uuid>` or `<uuid>::<share>`.
+fn builtin_id(device: &Device) -> Result<String, String> {
+    let text = |key: &str| device.attributes.get(key).and_then(|a| a.string.as_deref());
+    let int = |key: &str| device.attributes.get(key).and_then(|a| a.int);
+    let no_uuid = || {
+        format!(
+            "device {} has no UUID yet (its MIG device does not exist on the GPU)",
+            device.name
+        )
+    };
+    match int("shareIndex") {
+        None => text("uuid").map(str::to_string).ok_or_else(no_uuid),
+        Some(k) => {
+            let uuid = text("migUUID")
+                .or_else(|| text("parentUUID"))
+                .ok_or_else(no_uuid)?;
+            Ok(if int("replicas").unwrap_or(1) > 1 {
+                format!("{uuid}::{k}")
+            } else {
+                uuid.to_string()
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::dra::api::DeviceAttribute;
+
+    fn device(name: &str, attrs: &[(&str, DeviceAttribute)]) -> Device {
+        Device {
+            name: name.into(),
+            attributes: attrs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+            capacity: BTreeMap::new(),
+            consumes_counters: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn shares_are_replicas_of_their_mig_device_or_gpu() {
+        let s = DeviceAttribute::string;
+        let i = DeviceAttribute::int;
+        let whole = device("gpu-0", &[("uuid", s("GPU-a"))]);
+        assert_eq!(builtin_id(&whole).unwrap(), "GPU-a");
+        let share = device(
+            "gpu-1-share-3",
+            &[
+                ("parentUUID", s("GPU-b")),
+                ("shareIndex", i(3)),
+                ("replicas", i(4)),
+            ],
+        );
+        assert_eq!(builtin_id(&share).unwrap(), "GPU-b::3");
+        let mig_share = device(
+            "gpu-2-mig-0-3g-40gb-share-1",
+            &[
+                ("parentUUID", s("GPU-c")),
+                ("migUUID", s("MIG-c0")),
+                ("shareIndex", i(1)),
+                ("replicas", i(2)),
+            ],
+        );
+        assert_eq!(builtin_id(&mig_share).unwrap(), "MIG-c0::1");
+        let e = builtin_id(&device("gpu-3-mig-0-7g-80gb", &[])).unwrap_err();
+        assert!(e.contains("gpu-3-mig-0-7g-80gb has no UUID"), "{e}");
+    }
+}

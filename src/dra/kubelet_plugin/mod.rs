@@ -1,0 +1,138 @@
+//! The kubelet DRA plugin (`--plugin dra`): registers driver `gpu.gpu-share.dev` with the
+//! kubelet and prepares the ResourceClaims the scheduler allocated from the node's published
+//! devices, writing a CDI spec per claim (docs/dra.md, "The kubelet plugin").
+//!
+//! - [`registration`]: the `Registration` service on
+//!   `<registration dir>/gpu.gpu-share.dev-reg.sock`; `GetInfo` names the DRA socket.
+//! - [`service`]: the `DRAPlugin` v1 service on `<plugin dir>/dra.sock`:
+//!   `NodePrepareResources` reads each claim, maps its devices to the published ones and
+//!   writes the CDI spec ([`cdi`]); `NodeUnprepareResources` removes it; both checkpointed
+//!   ([`checkpoint`]) and answered per claim.
+//! - [`claim`], [`devices`]: the ResourceClaim's allocation, and what each device needs (the
+//!   built-in plugin's `Allocate` answer for the same device).
+
+pub mod api;
+pub mod cdi;
+pub mod checkpoint;
+pub mod claim;
+pub mod devices;
+pub mod registration;
+pub mod service;
+mod socket;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::{watch, Mutex};
+
+use crate::builtin_plugin::{DeviceListing, Inventory};
+use crate::dra::api::ResourceSlice;
+use crate::dra::DRIVER;
+use api::dra::dra_plugin_server::DraPluginServer;
+use api::registration::registration_server::RegistrationServer;
+use registration::RegistrationService;
+use service::{DraService, Preparer};
+use socket::Serving;
+
+/// The kubelet's plugin-registration directory, watched by its plugin manager.
+pub const DEFAULT_REGISTRATION_DIR: &str = "/var/lib/kubelet/plugins_registry";
+/// This driver's directory: the DRA socket and the checkpoint.
+pub const DEFAULT_PLUGIN_DIR: &str = "/var/lib/kubelet/plugins/gpu.gpu-share.dev";
+/// Where container runtimes read CDI specs (the CDI default for dynamic specs).
+pub const DEFAULT_CDI_ROOT: &str = "/var/run/cdi";
+/// The DRA socket's name in the plugin directory.
+pub const DRA_SOCKET: &str = "dra.sock";
+
+/// The registration socket's name: `<driver>-reg.sock`, the kubelet plugin convention.
+pub fn registration_socket_name() -> String {
+    format!("{DRIVER}-reg.sock")
+}
+
+/// Where the plugin lives on the node.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub node_name: String,
+    pub registration_dir: PathBuf,
+    pub plugin_dir: PathBuf,
+    pub cdi_root: PathBuf,
+}
+
+/// What the plugin prepares from: the published slices and the applied devices.
+pub struct Inputs {
+    pub slices: watch::Receiver<Arc<Vec<ResourceSlice>>>,
+    pub inventory: watch::Receiver<Arc<Inventory>>,
+    /// `--device-list-strategy` and `--cdi-kind`, as for the built-in plugin: with `cdi-cri`
+    /// each device's answer also names `<kind>=<uuid>` (the NVIDIA CDI spec's device, with the
+    /// device nodes); without `envvar` the claim's spec sets no `NVIDIA_VISIBLE_DEVICES`.
+    pub listing: DeviceListing,
+}
+
+/// The running plugin: both sockets.
+pub struct KubeletPlugin {
+    dra: Serving,
+    registration: Serving,
+    registration_service: RegistrationService,
+}
+
+impl KubeletPlugin {
+    /// Recover from the checkpoint (see [`Preparer::recover`]), serve the DRA socket, then the
+    /// registration socket (the kubelet dials the DRA socket as soon as it reads `GetInfo`).
+    pub fn start(
+        settings: &Settings,
+        client: kube::Client,
+        inputs: Inputs,
+    ) -> Result<KubeletPlugin, String> {
+        let dra_socket = settings.plugin_dir.join(DRA_SOCKET);
+        let preparer = Preparer {
+            client,
+            node_name: settings.node_name.clone(),
+            cdi_root: settings.cdi_root.clone(),
+            checkpoint_path: settings.plugin_dir.join(checkpoint::FILE),
+            slices: inputs.slices,
+            inventory: inputs.inventory,
+            listing: Arc::new(inputs.listing),
+            checkpoint: Mutex::default(),
+        }
+        .recover()?;
+        let router = tonic::transport::Server::builder()
+            .add_service(DraPluginServer::new(DraService(Arc::new(preparer))));
+        let dra = Serving::start(&dra_socket, router)
+            .map_err(|e| format!("cannot serve {}: {e}", dra_socket.display()))?;
+        let registration_service =
+            RegistrationService::new(DRIVER, &dra_socket.display().to_string());
+        let reg_socket = settings.registration_dir.join(registration_socket_name());
+        let router = tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(registration_service.clone()));
+        let registration = match Serving::start(&reg_socket, router) {
+            Ok(serving) => serving,
+            Err(e) => {
+                let _ = std::fs::remove_file(&dra_socket);
+                return Err(format!("cannot serve {}: {e}", reg_socket.display()));
+            }
+        };
+        Ok(KubeletPlugin {
+            dra,
+            registration,
+            registration_service,
+        })
+    }
+
+    /// Whether the kubelet said it registered the plugin (`None`: it has not said yet).
+    pub fn registered(&self) -> Option<Result<(), String>> {
+        self.registration_service.last_status().map(|s| {
+            if s.plugin_registered {
+                Ok(())
+            } else {
+                Err(s.error)
+            }
+        })
+    }
+
+    /// Stop both endpoints and remove their sockets; the registration socket goes first, so the
+    /// kubelet deregisters the driver. CDI specs and the checkpoint stay: prepared claims'
+    /// containers keep running, and the next start answers for them.
+    pub async fn shutdown(self) {
+        self.registration.stop().await;
+        self.dra.stop().await;
+    }
+}

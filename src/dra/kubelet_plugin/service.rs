@@ -1,0 +1,262 @@
+//! The `DRAPlugin` service: `NodePrepareResources` and `NodeUnprepareResources`, one answer
+//! per claim (the API's per-claim `error` field), idempotent and checkpointed
+//! ([`super::checkpoint`]). Claims are handled one at a time: the kubelet sends few, and one
+//! lock over the checkpoint keeps its file and the CDI specs in step.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::{watch, Mutex};
+use tonic::{Request, Response, Status};
+use tracing::{info, warn};
+
+use super::api::dra::dra_plugin_server::DraPlugin;
+use super::api::dra::{
+    Claim, Device, NodePrepareResourceResponse, NodePrepareResourcesRequest,
+    NodePrepareResourcesResponse, NodeUnprepareResourceResponse, NodeUnprepareResourcesRequest,
+    NodeUnprepareResourcesResponse,
+};
+use super::checkpoint::{Checkpoint, ClaimEntry, ClaimState, PreparedDevice};
+use super::{cdi, claim, devices};
+use crate::builtin_plugin::{DeviceListing, Inventory};
+use crate::dra::api::ResourceSlice;
+use crate::dra::DRIVER;
+
+/// What preparing needs: the API, this node, where specs and the checkpoint go, and the
+/// devices the agent publishes and has applied.
+pub struct Preparer {
+    pub client: kube::Client,
+    pub node_name: String,
+    pub cdi_root: PathBuf,
+    pub checkpoint_path: PathBuf,
+    /// The latest published slices: a claim's device must be among them.
+    pub slices: watch::Receiver<Arc<Vec<ResourceSlice>>>,
+    /// The applied devices as the built-in plugin would advertise them: what each needs.
+    pub inventory: watch::Receiver<Arc<Inventory>>,
+    /// How devices are named to the runtime beside the claim's own CDI device.
+    pub listing: Arc<DeviceListing>,
+    pub checkpoint: Mutex<Checkpoint>,
+}
+
+impl Preparer {
+    /// Load the checkpoint and clean up after an earlier run: claims still `preparing` are
+    /// forgotten and their specs removed (the kubelet got no answer and will ask again), and any
+    /// spec of this plugin without a prepared claim is removed.
+    pub fn recover(mut self) -> Result<Self, String> {
+        let mut checkpoint = Checkpoint::load(&self.checkpoint_path)?;
+        checkpoint.claims.retain(|uid, entry| {
+            let keep = entry.state == ClaimState::Prepared;
+            if !keep {
+                info!(claim = %uid, "a prepare was interrupted; its CDI spec is removed");
+            }
+            keep
+        });
+        self.remove_stale_specs(&checkpoint)?;
+        checkpoint.save(&self.checkpoint_path)?;
+        self.checkpoint = Mutex::new(checkpoint);
+        Ok(self)
+    }
+
+    fn remove_stale_specs(&self, checkpoint: &Checkpoint) -> Result<(), String> {
+        let entries = match std::fs::read_dir(&self.cdi_root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(format!("cannot list {}: {e}", self.cdi_root.display())),
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(uid) = name.to_str().and_then(cdi::claim_of_spec_file) else {
+                continue;
+            };
+            if checkpoint.prepared(uid).is_none() {
+                info!(claim = %uid, "removing a CDI spec no prepared claim owns");
+                remove_file(&entry.path())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Prepare one claim, or say why not.
+    pub async fn prepare(&self, claim: &Claim) -> NodePrepareResourceResponse {
+        let mut checkpoint = self.checkpoint.lock().await;
+        let result = match checkpoint.prepared(&claim.uid) {
+            Some(devices) => Ok(devices.to_vec()),
+            None => self.prepare_new(claim, &mut checkpoint).await,
+        };
+        match result {
+            Ok(devices) => NodePrepareResourceResponse {
+                devices: devices.iter().map(Device::from).collect(),
+                error: String::new(),
+            },
+            Err(error) => {
+                warn!(claim = %format!("{}/{}", claim.namespace, claim.name), %error,
+                      "cannot prepare the claim");
+                NodePrepareResourceResponse {
+                    devices: Vec::new(),
+                    error,
+                }
+            }
+        }
+    }
+
+    async fn prepare_new(
+        &self,
+        claim: &Claim,
+        checkpoint: &mut Checkpoint,
+    ) -> Result<Vec<PreparedDevice>, String> {
+        let object = claim::fetch(&self.client, &claim.namespace, &claim.name, &claim.uid).await?;
+        let allocated = claim::allocated_devices(&object, DRIVER, &self.node_name)?;
+        let (answer, spec) = self.answer(claim, &allocated)?;
+        let path = cdi::spec_path(&self.cdi_root, &claim.uid);
+        let mut entry = ClaimEntry {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            state: ClaimState::Preparing,
+            devices: Vec::new(),
+        };
+        checkpoint.claims.insert(claim.uid.clone(), entry.clone());
+        checkpoint.save(&self.checkpoint_path)?;
+        let written = match &spec {
+            Some(spec) => {
+                let text = serde_json::to_string_pretty(spec).expect("plain data serializes");
+                crate::device_plugin::write_if_changed(&path, &text)
+                    .map(|_| ())
+                    .map_err(|e| format!("cannot write the CDI spec {}: {e}", path.display()))
+            }
+            None => remove_file(&path),
+        };
+        entry.state = ClaimState::Prepared;
+        entry.devices = answer.clone();
+        checkpoint.claims.insert(claim.uid.clone(), entry);
+        if let Err(e) = written.and_then(|()| checkpoint.save(&self.checkpoint_path)) {
+            // Not prepared after all: no spec, no entry, so the kubelet's retry starts afresh
+            // (a file still saying `preparing` is cleaned up at the next start).
+            checkpoint.claims.remove(&claim.uid);
+            let _ = remove_file(&path);
+            let _ = checkpoint.save(&self.checkpoint_path);
+            return Err(e);
+        }
+        info!(claim = %format!("{}/{}", claim.namespace, claim.name), devices = answer.len(),
+              "prepared the claim");
+        Ok(answer)
+    }
+
+    /// The answer and the CDI spec for `allocated` (none when no device has edits), each
+    /// device checked against the latest published slices. Every missing device is named, not
+    /// only the first.
+    fn answer(
+        &self,
+        claim: &Claim,
+        allocated: &[claim::AllocatedDevice],
+    ) -> Result<(Vec<PreparedDevice>, Option<cdi::Spec>), String> {
+        let slices = self.slices.borrow().clone();
+        let inventory = self.inventory.borrow().clone();
+        let mut problems = Vec::new();
+        let mut answer: Vec<PreparedDevice> = Vec::new();
+        let mut edits = Vec::new();
+        for a in allocated {
+            let Some(device) = devices::find_published(&slices, &a.pool, &a.device) else {
+                problems.push(format!(
+                    "device {} (request {:?}) is not among the devices gpu-share publishes on node {}",
+                    a.device, a.request, self.node_name
+                ));
+                continue;
+            };
+            match devices::container_edits(device, &inventory, &self.listing) {
+                Ok(allocation) => {
+                    // A device allocated for several requests is prepared once.
+                    if let Some(seen) = answer.iter_mut().find(|d| d.device_name == a.device) {
+                        seen.request_names.push(a.request.clone());
+                        continue;
+                    }
+                    // The claim's own CDI device only where it has edits: with `cdi-cri`
+                    // and no `envvar`, a device that is not an MPS share has none.
+                    let device_edits = cdi::edits(&allocation);
+                    let mut cdi_device_ids = Vec::new();
+                    if !device_edits.is_empty() {
+                        cdi_device_ids.push(cdi::device_id(&claim.uid, &a.device));
+                        edits.push((a.device.clone(), device_edits));
+                    }
+                    cdi_device_ids.extend(allocation.cdi_devices.into_iter().map(|d| d.name));
+                    answer.push(PreparedDevice {
+                        request_names: vec![a.request.clone()],
+                        pool_name: a.pool.clone(),
+                        device_name: a.device.clone(),
+                        cdi_device_ids,
+                    });
+                }
+                Err(e) => problems.push(e),
+            }
+        }
+        if !problems.is_empty() {
+            return Err(format!(
+                "ResourceClaim {}/{}: {}",
+                claim.namespace,
+                claim.name,
+                problems.join("; ")
+            ));
+        }
+        let spec = (!edits.is_empty()).then(|| cdi::spec(&claim.uid, edits));
+        Ok((answer, spec))
+    }
+
+    /// Unprepare one claim: its spec and checkpoint entry go. A claim never prepared (or
+    /// unprepared already) succeeds, as the kubelet may ask again after a restart.
+    pub async fn unprepare(&self, claim: &Claim) -> NodeUnprepareResourceResponse {
+        let mut checkpoint = self.checkpoint.lock().await;
+        let result = remove_file(&cdi::spec_path(&self.cdi_root, &claim.uid)).and_then(|()| {
+            if checkpoint.claims.remove(&claim.uid).is_some() {
+                checkpoint.save(&self.checkpoint_path)?;
+                info!(claim = %format!("{}/{}", claim.namespace, claim.name), "unprepared the claim");
+            }
+            Ok(())
+        });
+        NodeUnprepareResourceResponse {
+            error: result.err().unwrap_or_default(),
+        }
+    }
+}
+
+/// Remove `path`; already gone is fine.
+fn remove_file(path: &std::path::Path) -> Result<(), String> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("cannot remove {}: {e}", path.display())),
+    }
+}
+
+/// The gRPC face of a [`Preparer`].
+pub struct DraService(pub Arc<Preparer>);
+
+#[tonic::async_trait]
+impl DraPlugin for DraService {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<NodePrepareResourcesRequest>,
+    ) -> Result<Response<NodePrepareResourcesResponse>, Status> {
+        let mut claims = BTreeMap::new();
+        for claim in request.into_inner().claims {
+            let answer = self.0.prepare(&claim).await;
+            claims.insert(claim.uid, answer);
+        }
+        Ok(Response::new(NodePrepareResourcesResponse {
+            claims: claims.into_iter().collect(),
+        }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<NodeUnprepareResourcesResponse>, Status> {
+        let mut claims = BTreeMap::new();
+        for claim in request.into_inner().claims {
+            let answer = self.0.unprepare(&claim).await;
+            claims.insert(claim.uid, answer);
+        }
+        Ok(Response::new(NodeUnprepareResourcesResponse {
+            claims: claims.into_iter().collect(),
+        }))
+    }
+}
