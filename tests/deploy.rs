@@ -23,9 +23,9 @@ use cel_interpreter::{Context, Program, Value as Cel};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, Namespace, Node, NodeConfigSource, NodeSpec, PodSpec, Service,
+    ConfigMap, Container, Namespace, Node, NodeConfigSource, NodeSpec, Pod, PodSpec, Service,
     ServiceAccount,
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
@@ -37,6 +37,11 @@ use node_sim::{
 use nvidia_ml::Gpu;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
+
+#[path = "deploy/autopilot.rs"]
+mod autopilot;
+#[path = "deploy/dra.rs"]
+mod dra;
 
 /// Env vars in the agent container that the NVIDIA container runtime reads, not gpu-share.
 const RUNTIME_ENV: [&str; 4] = [
@@ -343,6 +348,9 @@ fn typed_check(doc: &Value, what: &str) {
             round_trip::<ValidatingAdmissionPolicyBinding>(doc, what)
         }
         "RuntimeClass" => round_trip::<RuntimeClass>(doc, what),
+        "Deployment" => round_trip::<Deployment>(doc, what),
+        "Pod" => round_trip::<Pod>(doc, what),
+        "DeviceClass" | "ResourceClaimTemplate" => dra::round_trip_v1(doc, what),
         other => panic!("{what}: kind {other:?} is not one this test knows how to check"),
     }
 }
@@ -436,7 +444,15 @@ fn every_manifest_parses_into_its_kubernetes_type_and_the_overlays_render() {
         read.extend(r.manifests);
         generated.extend(r.generated_from.into_iter().map(|(_, _, p)| p));
         patches.extend(r.patches);
+        // Optional components a user adds to an overlay (tests/deploy/autopilot.rs renders
+        // them and compares with kubectl).
+        let r = autopilot::render_with_autopilot(&overlay);
+        read.extend(r.manifests);
+        patches.extend(r.patches);
     }
+    // Examples a user applies in a workload namespace: deploy/examples/<what>/, each read by
+    // its test (tests/deploy/dra.rs) and typed-checked below.
+    read.extend(dra::example_files());
     // Every YAML file under deploy/ is used, and each document is its typed object.
     let mut files = Vec::new();
     yaml_files(&deploy(), &mut files);
@@ -445,7 +461,10 @@ fn every_manifest_parses_into_its_kubernetes_type_and_the_overlays_render() {
         if generated.contains(&f) {
             continue; // profiles: checked with `gpu-share validate` below
         }
-        assert!(read.contains(&f), "{what} is not used by any overlay");
+        assert!(
+            read.contains(&f),
+            "{what} is not used by any overlay, component or example test"
+        );
         if f.file_name().unwrap() == "kustomization.yaml" || patches.contains(&f) {
             continue; // kustomize's own files, read above
         }
@@ -1642,10 +1661,12 @@ fn the_daemonset_env_and_mounts_match_the_agent_flags() {
 
         // Something advertises what the agent configures: NVIDIA's plugin beside it, or the
         // agent's built-in plugin.
-        let builtin = env_value(agent, "GPU_SHARE_PLUGIN").as_deref() == Some("builtin");
+        let plugin_kind = env_value(agent, "GPU_SHARE_PLUGIN");
+        let builtin = plugin_kind.as_deref() == Some("builtin");
+        let dra = plugin_kind.as_deref() == Some("dra");
         match try_container(&pod, "device-plugin") {
             Some(plugin) => {
-                assert!(!builtin, "{}", what("one device plugin, not two"));
+                assert!(!builtin && !dra, "{}", what("one device plugin, not two"));
                 // The file the agent writes is the file the plugin reads and the bootstrap
                 // creates: one host file, outliving the pod; only the plugin mounts it read-only.
                 let written = host_path(&pod, agent, &env("GPU_SHARE_PLUGIN_CONFIG")).unwrap();
@@ -1722,6 +1743,8 @@ fn the_daemonset_env_and_mounts_match_the_agent_flags() {
                     );
                 }
             }
+            // DRA: the agent publishes ResourceSlices and is the kubelet's DRA plugin.
+            None if dra => dra::check_kubelet_plugin_mounts(&pod, agent, &what),
             None => {
                 assert!(builtin, "{}", what("no device plugin advertises the GPUs"));
                 let dir = env("GPU_SHARE_DEVICE_PLUGIN_DIR");
