@@ -1034,6 +1034,13 @@ fn the_admission_policy_compiles_and_lets_the_agent_change_only_its_own_fields()
         "deny: not gpu-share.dev/profile",
     );
     check(
+        "opting its own node in to the autopilot",
+        &me,
+        &old,
+        &|n| n["metadata"]["labels"]["gpu-share.dev/autopilot"] = json!("enabled"),
+        "deny: nor gpu-share.dev/autopilot",
+    );
+    check(
         "someone else's annotation",
         &me,
         &old,
