@@ -808,3 +808,32 @@ fn the_lease_policy_lets_the_autopilot_create_only_its_own_lease() {
         "not matched",
     );
 }
+
+/// docs/autopilot.md's go-live patch, applied to the component's Deployment as the page's
+/// kustomization does, leaves it running the same command without `--dry-run`.
+#[test]
+fn the_docs_go_live_patch_drops_only_dry_run() {
+    let page = std::fs::read_to_string(root().join("docs/autopilot.md")).unwrap();
+    let snippet = page
+        .split_once("cat > deploy/my-cluster/autopilot-live.yaml <<'EOF'\n")
+        .and_then(|(_, rest)| rest.split_once("\nEOF\n"))
+        .map(|(s, _)| s)
+        .expect("docs/autopilot.md: the go-live patch heredoc");
+    let ops = yaml_docs_in(snippet, "docs/autopilot.md patch").remove(0);
+    let objects = render_with_autopilot("standalone").objects;
+    let mut d = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "gpu-share-autopilot")
+        .unwrap()
+        .clone();
+    let args = |d: &Value| -> Vec<String> {
+        serde_json::from_value(d["spec"]["template"]["spec"]["containers"][0]["args"].clone())
+            .unwrap()
+    };
+    let before = args(&d);
+    json_patch(&mut d, &ops);
+    let after = args(&d);
+    let expected: Vec<String> = before.into_iter().filter(|a| a != "--dry-run").collect();
+    assert_eq!(after, expected);
+    typed_check(&d, "the live Deployment");
+}
