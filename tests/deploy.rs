@@ -1180,6 +1180,17 @@ const AGENT_POD_UID: &str = "5e1f0c2a-7b3d-4e8f-9a6b-1c2d3e4f5a6b";
 /// address (the overrides here and [`AgentNode::fixture_env`]); the downward-API values are what
 /// the kubelet would fill in.
 fn start_agent(pod: &PodSpec, node: &mut AgentNode, namespace: &str) {
+    start_agent_with(pod, node, namespace, &[]);
+}
+
+/// [`start_agent`], with `defaults` (env the DaemonSet leaves to the agent's default host paths)
+/// pointed into the test's fixtures too.
+fn start_agent_with(
+    pod: &PodSpec,
+    node: &mut AgentNode,
+    namespace: &str,
+    defaults: &[(&str, PathBuf)],
+) {
     let c = container(pod, "agent");
     let overrides: BTreeMap<&str, PathBuf> = [
         ("GPU_SHARE_STATE_DIR", node.path("state")),
@@ -1223,6 +1234,10 @@ fn start_agent(pod: &PodSpec, node: &mut AgentNode, namespace: &str) {
     }
     for name in overrides.keys() {
         assert!(env_value(c, name).is_some(), "the DaemonSet sets {name}");
+    }
+    for (name, path) in defaults {
+        assert!(env_value(c, name).is_none(), "the DaemonSet sets {name}");
+        cmd.env(name, path);
     }
     node.fixture_env(&mut cmd);
     node.spawn(cmd);
