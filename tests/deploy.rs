@@ -1232,8 +1232,17 @@ fn start_agent_with(
         };
         cmd.env(&e.name, value);
     }
-    for name in overrides.keys() {
-        assert!(env_value(c, name).is_some(), "the DaemonSet sets {name}");
+    // Every override is one the DaemonSet sets, but the NVIDIA plugin's config file, which only
+    // the nvidia overlays have; it is pointed into the fixture either way.
+    let nvidia = env_value(c, "GPU_SHARE_PLUGIN").is_none_or(|p| p == "nvidia");
+    for (name, path) in &overrides {
+        if env_value(c, name).is_none() {
+            assert!(
+                *name == "GPU_SHARE_PLUGIN_CONFIG" && !nvidia,
+                "the DaemonSet sets {name}"
+            );
+            cmd.env(name, path);
+        }
     }
     for (name, path) in defaults {
         assert!(env_value(c, name).is_none(), "the DaemonSet sets {name}");

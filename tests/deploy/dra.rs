@@ -616,6 +616,19 @@ fn the_agent_in_dra_mode_uses_only_its_grants_and_its_slices_pass_the_policy() {
     let many = "version: v1\nrules:\n  - devices: all\n    timeSlicing: {replicas: 100}\n";
     api.update_configmap_key(&namespace, &cm_name, "many-shares", Some(many));
     let node = "gpu-1";
+    // Unlabelled and without gpu-share state; other owners' labels and a taint.
+    let mut fixture = node_fixture(node);
+    for l in [PROFILE_LABEL, STATE_LABEL] {
+        fixture["metadata"]["labels"]
+            .as_object_mut()
+            .unwrap()
+            .remove(l);
+    }
+    fixture["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove(REASON);
+    api.put_node(serde_json::from_value(fixture).unwrap());
     let mut sim = AgentNode::for_node(
         &api,
         node,
