@@ -804,7 +804,7 @@ fn dra_mode_reports_the_agents_registration_and_needs_the_plugin_registry() {
     let r = node.fails_at("device-plugin", &["--plugin", "dra"]);
     let said = r.said("device-plugin");
     assert!(
-        said.contains("plugins_registry does not exist") && said.contains("--plugins-registry-dir"),
+        said.contains("plugins_registry does not exist") && said.contains("--dra-registration-dir"),
         "{said}"
     );
 }
@@ -829,7 +829,7 @@ fn a_device_plugin_node_warns_when_gpu_shares_dra_plugin_is_registered() {
             "{said}"
         );
     }
-    // Its registry found where --plugins-registry-dir says.
-    let (r, _) = node.doctor(&["--plugins-registry-dir", "/nonexistent"]);
+    // Its registry found where --dra-registration-dir says.
+    let (r, _) = node.doctor(&["--dra-registration-dir", "/nonexistent"]);
     assert_eq!(r.status("device-plugin"), "ok", "{}", r.0);
 }

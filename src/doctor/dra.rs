@@ -67,7 +67,7 @@ fn listening(found: &[(String, Socket)]) -> Vec<&str> {
 /// kubelet makes it), gpu-share's registration is reported, and a device plugin or NVIDIA's
 /// DRA driver serving the GPUs too is a warning.
 pub(super) fn check(ctx: &Ctx<'_>) -> Check {
-    let registry = &ctx.paths.plugins_registry_dir;
+    let registry = &ctx.paths.dra_registration_dir;
     if !registry.is_dir() {
         return Check::failed(
             NAME,
@@ -76,7 +76,7 @@ pub(super) fn check(ctx: &Ctx<'_>) -> Check {
                 registry.display()
             ),
             "start the kubelet (`systemctl status kubelet`); a kubelet with another --root-dir \
-             keeps it elsewhere: point --plugins-registry-dir there",
+             keeps it elsewhere: point --dra-registration-dir there",
         );
     }
     let mut check = Check::new(NAME, "");
@@ -146,7 +146,7 @@ fn device_plugins_beside_dra(ctx: &Ctx<'_>, check: &mut Check) {
 /// With a device plugin (`nvidia` or `builtin`): gpu-share's own DRA plugin registered on the
 /// same node would publish the same GPUs as DRA devices.
 pub(super) fn warn_if_dra_registered(ctx: &Ctx<'_>, check: &mut Check) {
-    let registry = &ctx.paths.plugins_registry_dir;
+    let registry = &ctx.paths.dra_registration_dir;
     let ours = sockets(registry, |n| is_registration_of(n, DRIVER));
     let live = listening(&ours);
     if !live.is_empty() {

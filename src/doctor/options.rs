@@ -60,10 +60,10 @@ pub struct DoctorOptions {
     /// The kubelet's device-plugin directory [default: /var/lib/kubelet/device-plugins].
     #[arg(long, value_name = "DIR", help_heading = "Paths")]
     pub device_plugin_dir: Option<PathBuf>,
-    /// The kubelet's plugin registry, where DRA kubelet plugins register
-    /// [default: /var/lib/kubelet/plugins_registry].
+    /// The kubelet's plugin registry, where DRA kubelet plugins register (the agent's
+    /// --dra-registration-dir) [default: /var/lib/kubelet/plugins_registry].
     #[arg(long, value_name = "DIR", help_heading = "Paths")]
-    pub plugins_registry_dir: Option<PathBuf>,
+    pub dra_registration_dir: Option<PathBuf>,
     /// The kubelet's PodResources socket, which the agent's drain asks which pods hold a
     /// device [default: /var/lib/kubelet/pod-resources/kubelet.sock].
     #[arg(long, value_name = "FILE", help_heading = "Paths")]
@@ -98,7 +98,7 @@ impl Default for DoctorOptions {
             containerd_config: None,
             cdi_dirs: Vec::new(),
             device_plugin_dir: None,
-            plugins_registry_dir: None,
+            dra_registration_dir: None,
             pod_resources_socket: None,
             mps_control: None,
             mps_root: None,
@@ -118,7 +118,7 @@ pub(super) struct Paths {
     pub(super) containerd_config: PathBuf,
     pub(super) cdi_dirs: Vec<PathBuf>,
     pub(super) device_plugin_dir: PathBuf,
-    pub(super) plugins_registry_dir: PathBuf,
+    pub(super) dra_registration_dir: PathBuf,
     pub(super) pod_resources_socket: PathBuf,
     pub(super) mps_control: PathBuf,
     pub(super) mps_root: PathBuf,
@@ -148,8 +148,8 @@ impl Paths {
                 o.cdi_dirs.clone()
             },
             device_plugin_dir: pick(&o.device_plugin_dir, "/var/lib/kubelet/device-plugins"),
-            plugins_registry_dir: pick(
-                &o.plugins_registry_dir,
+            dra_registration_dir: pick(
+                &o.dra_registration_dir,
                 "/var/lib/kubelet/plugins_registry",
             ),
             pod_resources_socket: pick(
