@@ -40,6 +40,8 @@ use serde_json::{json, Value};
 
 #[path = "deploy/autopilot.rs"]
 mod autopilot;
+#[path = "deploy/autopilot_run.rs"]
+mod autopilot_run;
 #[path = "deploy/dra.rs"]
 mod dra;
 
@@ -622,6 +624,52 @@ fn request(
         code: None,
         injected: false,
     }
+}
+
+/// What RBAC makes of `requests` by a ServiceAccount holding `grants`: the requests it refuses,
+/// and the granted (group, resource, verb) no request used, but those in `outside` (needed
+/// outside the run, each with its reason). Discovery and health GETs need no grant.
+fn rbac_misfits(
+    grants: &[Grant],
+    requests: &[RequestRecord],
+    outside: &[(&str, &str, &str, &str)],
+) -> (Vec<String>, Vec<String>) {
+    let mut used = BTreeSet::new();
+    let mut refused = Vec::new();
+    for r in requests {
+        if r.resource.is_empty() {
+            assert_eq!(r.method, "GET", "{r:?}");
+            continue;
+        }
+        if grants.iter().any(|g| allows(g, r)) {
+            used.insert((r.group.clone(), r.resource.clone(), verb_name(r)));
+        } else {
+            refused.push(format!(
+                "{} {} ns={:?} name={:?} query={}",
+                verb_name(r),
+                r.path,
+                r.namespace,
+                r.name,
+                r.query
+            ));
+        }
+    }
+    let mut unused = Vec::new();
+    for g in grants {
+        for group in g.rule.api_groups.iter().flatten() {
+            for res in g.rule.resources.iter().flatten() {
+                for verb in &g.rule.verbs {
+                    let listed = outside
+                        .iter()
+                        .any(|(lg, lr, lv, _)| (*lg, *lr, *lv) == (group, res, verb));
+                    if !listed && !used.contains(&(group.clone(), res.clone(), verb.clone())) {
+                        unused.push(format!("{} {group}/{res} {verb}", g.from));
+                    }
+                }
+            }
+        }
+    }
+    (refused, unused)
 }
 
 /// The RBAC model above refuses what the manifests do not grant, so the agent run's "allowed"

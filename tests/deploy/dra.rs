@@ -681,47 +681,12 @@ fn the_agent_in_dra_mode_uses_only_its_grants_and_its_slices_pass_the_policy() {
 
     // 1. Every request is granted; 2. every grant was used.
     let grants = grants(&objects, &namespace, "gpu-share");
-    let mut used = BTreeSet::new();
-    let mut refused = Vec::new();
-    for r in &requests {
-        if r.resource.is_empty() {
-            assert_eq!(r.method, "GET", "{r:?}");
-            continue;
-        }
-        if grants.iter().any(|g| allows(g, r)) {
-            used.insert((r.group.clone(), r.resource.clone(), verb_name(r)));
-        } else {
-            refused.push(format!(
-                "{} {} ns={:?} name={:?} query={}",
-                verb_name(r),
-                r.path,
-                r.namespace,
-                r.name,
-                r.query
-            ));
-        }
-    }
+    let (refused, mut unused) = rbac_misfits(&grants, &requests, NEEDED_OUTSIDE_THIS_RUN);
     assert!(
         refused.is_empty(),
         "RBAC refuses requests the agent makes in DRA mode:\n{}",
         refused.join("\n")
     );
-    let mut unused = Vec::new();
-    for g in &grants {
-        for group in g.rule.api_groups.iter().flatten() {
-            for res in g.rule.resources.iter().flatten() {
-                for verb in &g.rule.verbs {
-                    let t = (group.clone(), res.clone(), verb.clone());
-                    let listed = NEEDED_OUTSIDE_THIS_RUN
-                        .iter()
-                        .any(|(lg, lr, lv, _)| (*lg, *lr, *lv) == (group, res, verb));
-                    if !used.contains(&t) && !listed {
-                        unused.push(format!("{} {group}/{res} {verb}", g.from));
-                    }
-                }
-            }
-        }
-    }
     // The base grants that only a drain uses (evictions) are the standalone test's; here only
     // DRA's own grants must all be used.
     unused.retain(|u| u.contains("resource.k8s.io"));
