@@ -23,9 +23,9 @@ use cel_interpreter::{Context, Program, Value as Cel};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, Namespace, Node, NodeConfigSource, NodeSpec, PodSpec, Service,
+    ConfigMap, Container, Namespace, Node, NodeConfigSource, NodeSpec, Pod, PodSpec, Service,
     ServiceAccount,
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
@@ -37,6 +37,13 @@ use node_sim::{
 use nvidia_ml::Gpu;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
+
+#[path = "deploy/autopilot.rs"]
+mod autopilot;
+#[path = "deploy/autopilot_run.rs"]
+mod autopilot_run;
+#[path = "deploy/dra.rs"]
+mod dra;
 
 /// Env vars in the agent container that the NVIDIA container runtime reads, not gpu-share.
 const RUNTIME_ENV: [&str; 4] = [
@@ -343,6 +350,9 @@ fn typed_check(doc: &Value, what: &str) {
             round_trip::<ValidatingAdmissionPolicyBinding>(doc, what)
         }
         "RuntimeClass" => round_trip::<RuntimeClass>(doc, what),
+        "Deployment" => round_trip::<Deployment>(doc, what),
+        "Pod" => round_trip::<Pod>(doc, what),
+        "DeviceClass" | "ResourceClaimTemplate" => dra::round_trip_v1(doc, what),
         other => panic!("{what}: kind {other:?} is not one this test knows how to check"),
     }
 }
@@ -436,7 +446,15 @@ fn every_manifest_parses_into_its_kubernetes_type_and_the_overlays_render() {
         read.extend(r.manifests);
         generated.extend(r.generated_from.into_iter().map(|(_, _, p)| p));
         patches.extend(r.patches);
+        // Optional components a user adds to an overlay (tests/deploy/autopilot.rs renders
+        // them and compares with kubectl).
+        let r = autopilot::render_with_autopilot(&overlay);
+        read.extend(r.manifests);
+        patches.extend(r.patches);
     }
+    // Examples a user applies in a workload namespace: deploy/examples/<what>/, each read by
+    // its test (tests/deploy/dra.rs) and typed-checked below.
+    read.extend(dra::example_files());
     // Every YAML file under deploy/ is used, and each document is its typed object.
     let mut files = Vec::new();
     yaml_files(&deploy(), &mut files);
@@ -445,7 +463,10 @@ fn every_manifest_parses_into_its_kubernetes_type_and_the_overlays_render() {
         if generated.contains(&f) {
             continue; // profiles: checked with `gpu-share validate` below
         }
-        assert!(read.contains(&f), "{what} is not used by any overlay");
+        assert!(
+            read.contains(&f),
+            "{what} is not used by any overlay, component or example test"
+        );
         if f.file_name().unwrap() == "kustomization.yaml" || patches.contains(&f) {
             continue; // kustomize's own files, read above
         }
@@ -603,6 +624,52 @@ fn request(
         code: None,
         injected: false,
     }
+}
+
+/// What RBAC makes of `requests` by a ServiceAccount holding `grants`: the requests it refuses,
+/// and the granted (group, resource, verb) no request used, but those in `outside` (needed
+/// outside the run, each with its reason). Discovery and health GETs need no grant.
+fn rbac_misfits(
+    grants: &[Grant],
+    requests: &[RequestRecord],
+    outside: &[(&str, &str, &str, &str)],
+) -> (Vec<String>, Vec<String>) {
+    let mut used = BTreeSet::new();
+    let mut refused = Vec::new();
+    for r in requests {
+        if r.resource.is_empty() {
+            assert_eq!(r.method, "GET", "{r:?}");
+            continue;
+        }
+        if grants.iter().any(|g| allows(g, r)) {
+            used.insert((r.group.clone(), r.resource.clone(), verb_name(r)));
+        } else {
+            refused.push(format!(
+                "{} {} ns={:?} name={:?} query={}",
+                verb_name(r),
+                r.path,
+                r.namespace,
+                r.name,
+                r.query
+            ));
+        }
+    }
+    let mut unused = Vec::new();
+    for g in grants {
+        for group in g.rule.api_groups.iter().flatten() {
+            for res in g.rule.resources.iter().flatten() {
+                for verb in &g.rule.verbs {
+                    let listed = outside
+                        .iter()
+                        .any(|(lg, lr, lv, _)| (*lg, *lr, *lv) == (group, res, verb));
+                    if !listed && !used.contains(&(group.clone(), res.clone(), verb.clone())) {
+                        unused.push(format!("{} {group}/{res} {verb}", g.from));
+                    }
+                }
+            }
+        }
+    }
+    (refused, unused)
 }
 
 /// The RBAC model above refuses what the manifests do not grant, so the agent run's "allowed"
@@ -1015,6 +1082,13 @@ fn the_admission_policy_compiles_and_lets_the_agent_change_only_its_own_fields()
         "deny: not gpu-share.dev/profile",
     );
     check(
+        "opting its own node in to the autopilot",
+        &me,
+        &old,
+        &|n| n["metadata"]["labels"]["gpu-share.dev/autopilot"] = json!("enabled"),
+        "deny: nor gpu-share.dev/autopilot",
+    );
+    check(
         "someone else's annotation",
         &me,
         &old,
@@ -1154,6 +1228,17 @@ const AGENT_POD_UID: &str = "5e1f0c2a-7b3d-4e8f-9a6b-1c2d3e4f5a6b";
 /// address (the overrides here and [`AgentNode::fixture_env`]); the downward-API values are what
 /// the kubelet would fill in.
 fn start_agent(pod: &PodSpec, node: &mut AgentNode, namespace: &str) {
+    start_agent_with(pod, node, namespace, &[]);
+}
+
+/// [`start_agent`], with `defaults` (env the DaemonSet leaves to the agent's default host paths)
+/// pointed into the test's fixtures too.
+fn start_agent_with(
+    pod: &PodSpec,
+    node: &mut AgentNode,
+    namespace: &str,
+    defaults: &[(&str, PathBuf)],
+) {
     let c = container(pod, "agent");
     let overrides: BTreeMap<&str, PathBuf> = [
         ("GPU_SHARE_STATE_DIR", node.path("state")),
@@ -1195,8 +1280,21 @@ fn start_agent(pod: &PodSpec, node: &mut AgentNode, namespace: &str) {
         };
         cmd.env(&e.name, value);
     }
-    for name in overrides.keys() {
-        assert!(env_value(c, name).is_some(), "the DaemonSet sets {name}");
+    // Every override is one the DaemonSet sets, but the NVIDIA plugin's config file, which only
+    // the nvidia overlays have; it is pointed into the fixture either way.
+    let nvidia = env_value(c, "GPU_SHARE_PLUGIN").is_none_or(|p| p == "nvidia");
+    for (name, path) in &overrides {
+        if env_value(c, name).is_none() {
+            assert!(
+                *name == "GPU_SHARE_PLUGIN_CONFIG" && !nvidia,
+                "the DaemonSet sets {name}"
+            );
+            cmd.env(name, path);
+        }
+    }
+    for (name, path) in defaults {
+        assert!(env_value(c, name).is_none(), "the DaemonSet sets {name}");
+        cmd.env(name, path);
     }
     node.fixture_env(&mut cmd);
     node.spawn(cmd);
@@ -1642,10 +1740,12 @@ fn the_daemonset_env_and_mounts_match_the_agent_flags() {
 
         // Something advertises what the agent configures: NVIDIA's plugin beside it, or the
         // agent's built-in plugin.
-        let builtin = env_value(agent, "GPU_SHARE_PLUGIN").as_deref() == Some("builtin");
+        let plugin_kind = env_value(agent, "GPU_SHARE_PLUGIN");
+        let builtin = plugin_kind.as_deref() == Some("builtin");
+        let dra = plugin_kind.as_deref() == Some("dra");
         match try_container(&pod, "device-plugin") {
             Some(plugin) => {
-                assert!(!builtin, "{}", what("one device plugin, not two"));
+                assert!(!builtin && !dra, "{}", what("one device plugin, not two"));
                 // The file the agent writes is the file the plugin reads and the bootstrap
                 // creates: one host file, outliving the pod; only the plugin mounts it read-only.
                 let written = host_path(&pod, agent, &env("GPU_SHARE_PLUGIN_CONFIG")).unwrap();
@@ -1722,6 +1822,8 @@ fn the_daemonset_env_and_mounts_match_the_agent_flags() {
                     );
                 }
             }
+            // DRA: the agent publishes ResourceSlices and is the kubelet's DRA plugin.
+            None if dra => dra::check_kubelet_plugin_mounts(&pod, agent, &what),
             None => {
                 assert!(builtin, "{}", what("no device plugin advertises the GPUs"));
                 let dir = env("GPU_SHARE_DEVICE_PLUGIN_DIR");

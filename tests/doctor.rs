@@ -737,12 +737,99 @@ fn a_kubelet_without_its_pod_resources_socket_is_a_warning_at_device_plugin() {
     assert_eq!(r.status("device-plugin"), "warn", "{}", r.0);
 }
 
-/// `--plugin dra` is planned only (docs/dra.md): with no device plugin to look for, the
-/// device-plugin check says so and skips rather than failing on the absent NVIDIA sockets.
+/// The kubelet's plugin registry, where gpu-share's DRA kubelet plugin registers
+/// (`<driver>-reg.sock`, as k8s.io/dynamic-resource-allocation's helper names it).
+const REGISTRY: &str = "var/lib/kubelet/plugins_registry";
+const OUR_REGISTRATION: &str = "gpu.gpu-share.dev-reg.sock";
+
+/// `--plugin dra`: the agent's DRA plugin registered with the kubelet, and no device plugin for
+/// the same GPUs: a node cannot run both (the kubelet keeps extended resources and DRA claims
+/// apart, so one GPU would go to two pods).
 #[test]
-fn the_dra_plugin_is_skipped_at_device_plugin_with_the_reason() {
-    let node = Node::healthy(h100x2(), &[]);
+fn dra_mode_warns_when_a_device_plugin_serves_the_same_gpus() {
+    let mut node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
+    node.listen(&format!("{REGISTRY}/{OUR_REGISTRATION}"));
+    let (r, code) = node.doctor(&["--plugin", "dra"]);
+    assert_eq!(code, 0, "a warning, not a failure: {}", r.0);
+    assert_eq!(r.status("device-plugin"), "warn", "{}", r.0);
+    let said = r.said("device-plugin");
+    assert!(
+        said.contains("a node cannot run DRA and a device plugin for the same GPUs")
+            && said.contains("nvidia-gpu.sock"),
+        "{said}"
+    );
+    assert!(said.contains("devicePlugin.enabled=false"), "{said}");
+    assert!(
+        said.contains("gpu.gpu-share.dev registered in ") && said.contains(OUR_REGISTRATION),
+        "{said}"
+    );
+
+    // Only the DRA plugin (a device plugin's stale socket file is a leftover, not a plugin).
+    let mut node = Node::healthy(h100x2(), &[]);
+    node.file(&format!("{PLUGINS}/nvidia-gpu.sock"), "");
+    node.listen(&format!("{REGISTRY}/{OUR_REGISTRATION}"));
+    let (r, code) = node.doctor(&["--plugin", "dra"]);
+    assert_eq!(code, 0, "{}", r.0);
+    assert_eq!(r.status("device-plugin"), "ok", "{}", r.0);
+
+    // NVIDIA's DRA driver on the same node publishes the same GPUs too.
+    node.listen(&format!("{REGISTRY}/gpu.nvidia.com-reg.sock"));
     let (r, _) = node.doctor(&["--plugin", "dra"]);
-    assert_eq!(r.status("device-plugin"), "skip", "{}", r.0);
-    assert!(r.said("device-plugin").contains("not built yet"), "{}", r.0);
+    assert_eq!(r.status("device-plugin"), "warn", "{}", r.0);
+    assert!(
+        r.said("device-plugin")
+            .contains("NVIDIA's DRA driver is registered too"),
+        "{}",
+        r.0
+    );
+}
+
+/// `--plugin dra` before the agent registered: a warning naming what registers it; with no
+/// plugin registry at all, no kubelet registers DRA plugins here: a failure.
+#[test]
+fn dra_mode_reports_the_agents_registration_and_needs_the_plugin_registry() {
+    let node = Node::healthy(h100x2(), &[]);
+    node.file(&format!("{REGISTRY}/{OUR_REGISTRATION}"), "");
+    let (r, code) = node.doctor(&["--plugin", "dra"]);
+    assert_eq!(code, 0, "{}", r.0);
+    assert_eq!(r.status("device-plugin"), "warn", "{}", r.0);
+    let said = r.said("device-plugin");
+    assert!(
+        said.contains("no live registration socket of gpu.gpu-share.dev")
+            && said.contains("once it runs with --plugin dra")
+            && said.contains("is not a socket"),
+        "{said}"
+    );
+    let node = Node::healthy(h100x2(), &[]);
+    let r = node.fails_at("device-plugin", &["--plugin", "dra"]);
+    let said = r.said("device-plugin");
+    assert!(
+        said.contains("plugins_registry does not exist") && said.contains("--dra-registration-dir"),
+        "{said}"
+    );
+}
+
+/// With a device plugin (nvidia or builtin), gpu-share's DRA plugin registered on the same node
+/// is a warning; without it the same node is fine.
+#[test]
+fn a_device_plugin_node_warns_when_gpu_shares_dra_plugin_is_registered() {
+    let mut node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
+    let (r, code) = node.doctor(&[]);
+    assert_eq!((code, r.status("device-plugin")), (0, "ok"), "{}", r.0);
+    node.listen(&format!("{REGISTRY}/{OUR_REGISTRATION}"));
+    for args in [&[][..], &["--plugin", "builtin"][..]] {
+        let (r, code) = node.doctor(args);
+        assert_eq!(code, 0, "a warning, not a failure: {}", r.0);
+        assert_eq!(r.status("device-plugin"), "warn", "{args:?}: {}", r.0);
+        let said = r.said("device-plugin");
+        assert!(
+            said.contains("gpu-share's DRA plugin is registered with the kubelet")
+                && said.contains(OUR_REGISTRATION)
+                && said.contains("a node cannot run DRA and a device plugin for the same GPUs"),
+            "{said}"
+        );
+    }
+    // Its registry found where --dra-registration-dir says.
+    let (r, _) = node.doctor(&["--dra-registration-dir", "/nonexistent"]);
+    assert_eq!(r.status("device-plugin"), "ok", "{}", r.0);
 }

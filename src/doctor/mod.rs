@@ -14,11 +14,14 @@
 //! `--plugin` (env `GPU_SHARE_PLUGIN`, as the agent's) says which device plugin advertises the
 //! GPUs: `nvidia` plans the profile with the NVIDIA plugin's refusals and expects its sockets;
 //! `builtin` plans it for the agent's own plugin, needs only `kubelet.sock` (the agent serves
-//! the resource sockets once it runs), and for MPS the tmpfs at `<mps root>/shm`.
+//! the resource sockets once it runs), and for MPS the tmpfs at `<mps root>/shm`; `dra` looks
+//! for the agent's DRA plugin in the kubelet's plugin registry instead. A node cannot offer the
+//! same GPUs through DRA and a device plugin: either way round, doctor warns (`dra.rs`).
 
 mod cdi;
 mod containerd;
 mod cuda;
+mod dra;
 mod driver;
 mod nvml;
 mod options;

@@ -29,9 +29,10 @@ pub struct DoctorOptions {
     /// Check that the driver runs this CUDA runtime version (MAJOR.MINOR, e.g. 12.4).
     #[arg(long, value_name = "VERSION", value_parser = cuda::parse_version)]
     pub cuda: Option<CudaVersion>,
-    /// The device plugin that advertises the GPUs, as the agent's --plugin: `nvidia` (profiles
-    /// planned with its refusals, its sockets checked) or `builtin` (the agent's own plugin:
-    /// kubelet.sock, and for MPS the tmpfs at <mps root>/shm).
+    /// What advertises the GPUs, as the agent's --plugin: `nvidia` (profiles planned with its
+    /// refusals, its sockets checked), `builtin` (the agent's own plugin: kubelet.sock, and for
+    /// MPS the tmpfs at <mps root>/shm) or `dra` (the agent's DRA plugin registered, and no
+    /// device plugin serving the same GPUs).
     #[arg(long, env = "GPU_SHARE_PLUGIN", value_enum, default_value_t = PluginKind::Nvidia)]
     pub plugin: PluginKind,
     /// Resolve every default path below under DIR (e.g. the host's root mounted in a pod).
@@ -59,6 +60,10 @@ pub struct DoctorOptions {
     /// The kubelet's device-plugin directory [default: /var/lib/kubelet/device-plugins].
     #[arg(long, value_name = "DIR", help_heading = "Paths")]
     pub device_plugin_dir: Option<PathBuf>,
+    /// The kubelet's plugin registry, where DRA kubelet plugins register (the agent's
+    /// --dra-registration-dir) [default: /var/lib/kubelet/plugins_registry].
+    #[arg(long, value_name = "DIR", help_heading = "Paths")]
+    pub dra_registration_dir: Option<PathBuf>,
     /// The kubelet's PodResources socket, which the agent's drain asks which pods hold a
     /// device [default: /var/lib/kubelet/pod-resources/kubelet.sock].
     #[arg(long, value_name = "FILE", help_heading = "Paths")]
@@ -93,6 +98,7 @@ impl Default for DoctorOptions {
             containerd_config: None,
             cdi_dirs: Vec::new(),
             device_plugin_dir: None,
+            dra_registration_dir: None,
             pod_resources_socket: None,
             mps_control: None,
             mps_root: None,
@@ -112,6 +118,7 @@ pub(super) struct Paths {
     pub(super) containerd_config: PathBuf,
     pub(super) cdi_dirs: Vec<PathBuf>,
     pub(super) device_plugin_dir: PathBuf,
+    pub(super) dra_registration_dir: PathBuf,
     pub(super) pod_resources_socket: PathBuf,
     pub(super) mps_control: PathBuf,
     pub(super) mps_root: PathBuf,
@@ -141,6 +148,10 @@ impl Paths {
                 o.cdi_dirs.clone()
             },
             device_plugin_dir: pick(&o.device_plugin_dir, "/var/lib/kubelet/device-plugins"),
+            dra_registration_dir: pick(
+                &o.dra_registration_dir,
+                "/var/lib/kubelet/plugins_registry",
+            ),
             pod_resources_socket: pick(
                 &o.pod_resources_socket,
                 crate::kubelet::pod_resources::DEFAULT_SOCKET,

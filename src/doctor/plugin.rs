@@ -10,6 +10,9 @@
 //!
 //! With either plugin, the kubelet's PodResources socket should be live: without it the agent's
 //! drain sees only the pods with GPU processes, not those holding a device idle (a warning).
+//!
+//! With `--plugin dra` the layer is `super::dra`'s; with a device plugin, gpu-share's DRA plugin
+//! registered on the same node is a warning (a node cannot run both for the same GPUs).
 
 use std::io::ErrorKind;
 use std::os::unix::fs::FileTypeExt;
@@ -35,7 +38,7 @@ fn socket_name(resource: &str) -> String {
 
 /// What is at a socket path.
 #[derive(Debug, PartialEq, Eq)]
-enum Socket {
+pub(super) enum Socket {
     Listening,
     /// A socket file, but connecting is refused: whoever made it is gone.
     Stale,
@@ -43,7 +46,7 @@ enum Socket {
     Missing,
 }
 
-fn probe(path: &Path) -> Socket {
+pub(super) fn probe(path: &Path) -> Socket {
     match std::fs::metadata(path) {
         Err(_) => Socket::Missing,
         Ok(m) if !m.file_type().is_socket() => Socket::WrongType,
@@ -56,10 +59,19 @@ fn probe(path: &Path) -> Socket {
     }
 }
 
+/// The layer: DRA mode has its own check (`super::dra`); with a device plugin, its sockets, and
+/// a warning when gpu-share's DRA plugin is registered on the same node.
 pub(super) fn check(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
     if ctx.plugin == PluginKind::Dra {
-        return Check::skip(NAME, crate::dra::NOT_PUBLISHED_YET);
+        return super::dra::check(ctx);
     }
+    let mut check = device_plugin(ctx, facts);
+    super::dra::warn_if_dra_registered(ctx, &mut check);
+    check
+}
+
+/// The device plugin's sockets (`nvidia` or `builtin`).
+fn device_plugin(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
     let dir = &ctx.paths.device_plugin_dir;
     let kubelet = dir.join("kubelet.sock");
     let mut check = Check::new(NAME, "");
@@ -284,7 +296,7 @@ fn check_shm(ctx: &Ctx<'_>, check: &mut Check) {
 
 /// The kubelet's PodResources API, which the agent's drain asks which pods hold the devices a
 /// MIG change takes away.
-fn pod_resources(ctx: &Ctx<'_>, check: &mut Check) {
+pub(super) fn pod_resources(ctx: &Ctx<'_>, check: &mut Check) {
     let socket = &ctx.paths.pod_resources_socket;
     let state = probe(socket);
     if state != Socket::Listening {
@@ -302,7 +314,7 @@ fn pod_resources(ctx: &Ctx<'_>, check: &mut Check) {
     }
 }
 
-fn describe(s: &Socket) -> &'static str {
+pub(super) fn describe(s: &Socket) -> &'static str {
     match s {
         Socket::Listening => "listening",
         Socket::Stale => "a stale socket (nothing listens)",

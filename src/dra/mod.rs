@@ -39,12 +39,6 @@ use api::{
 /// The DRA driver name gpu-share publishes under (a DNS subdomain, as the API requires).
 pub const DRIVER: &str = "gpu.gpu-share.dev";
 
-/// Why `doctor --plugin dra` skips its device-plugin layer. (Its text predates publishing: the
-/// agent now publishes the slices; the DRA doctor check replaces this.)
-pub const NOT_PUBLISHED_YET: &str = "--plugin dra is not built yet beyond planning: nothing \
-publishes the ResourceSlices or serves the kubelet's DRA calls (docs/dra.md); `gpu-share plan \
---plugin dra` shows the slices the node would publish";
-
 /// Why `apply --plugin dra` refuses: it is node-local and has no Kubernetes API to publish
 /// through, and re-partitioning with nothing publishing the result would leave the node's GPUs
 /// unusable by claims (the slices of the old layout would still be allocated).
