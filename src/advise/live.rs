@@ -289,7 +289,7 @@ mod tests {
         let a = &input.supply.nodes[0];
         assert_eq!(
             (a.name.as_str(), a.gpus.as_slice()),
-            ("gpu-a", &["h100x2".to_string()][..])
+            ("gpu-a", &["h100-80gb-sxmx2".to_string()][..])
         );
         assert_eq!(a.profile_name.as_deref(), Some("small"));
         assert!(a.profile.is_some());

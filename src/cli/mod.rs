@@ -47,9 +47,12 @@ enum Command {
     Validate(ValidateArgs),
     /// Show what a profile would change on a node (simulated or observed) and what it advertises.
     Plan(PlanArgs),
-    /// Propose a profile per node that serves the pods' GPU demand (offline: demand and supply
-    /// files), with what it would change; docs/advise.md.
+    /// Propose a profile per node that serves the pods' GPU demand (demand and supply files, or
+    /// --live from the cluster), with what it would change; docs/advise.md.
     Advise(AdviseArgs),
+    /// Run advise on the live cluster on every change and apply it through profile keys and
+    /// node labels, within the drain budget and PDBs (a Deployment); docs/autopilot.md.
+    Autopilot(Box<crate::autopilot::AutopilotArgs>),
     /// Print the profile format's JSON Schema (`--of demand|supply`: advise's input files).
     Schema(SchemaArgs),
     /// List the MIG-capable GPU models and their profiles.
@@ -388,6 +391,10 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Apply(args) => run_apply(&args),
         Command::Agent(args) => {
             crate::agent::runtime()?.block_on(crate::agent::run(*args))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Autopilot(args) => {
+            crate::agent::runtime()?.block_on(crate::autopilot::run(*args))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Status(args) => {

@@ -1,0 +1,436 @@
+//! `gpu-share autopilot` as a process, with the real kube client talking HTTP to the Kubernetes
+//! API double (tests/kube-double). No agents run here: where a test needs a node to finish a
+//! change, it publishes what the agent publishes on success (src/agent/node.rs: the state
+//! label `success` and the applied-hash annotation, sha256 of the profile text applied).
+//!
+//! The fleet: H100 nodes with GPU Feature Discovery's labels (nvidia-stack.md §1.8) and the
+//! autopilot's opt-in label; pending pods requesting `nvidia.com/mig-3g.40gb` (an H100 holds
+//! two).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use gpu_share::agent::reconcile::content_hash;
+use gpu_share::plan::plan_for;
+use gpu_share::profile::parse_profile;
+use gpu_share::sharing::PluginKind;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube_double::{fixtures, KubeDouble};
+
+const NS: &str = "gpu-share";
+const PROFILES: &str = "gpu-share-profiles";
+const STATUS: &str = "gpu-share-autopilot-status";
+const PROFILE_LABEL: &str = "gpu-share.dev/profile";
+const STATE_LABEL: &str = "gpu-share.dev/profile.state";
+const APPLIED_HASH: &str = "gpu-share.dev/profile.applied-hash";
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A running `gpu-share autopilot`, killed (SIGKILL, like a crash) when dropped.
+struct Autopilot {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Autopilot {
+    fn start(dir: &Path, api: &KubeDouble, identity: &str, extra: &[&str]) -> Autopilot {
+        let kubeconfig = dir.join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig).unwrap();
+        let log = dir.join(format!("autopilot-{identity}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "info")
+            .env_remove("POD_NAMESPACE")
+            .env_remove("GPU_SHARE_MAX_DRAINS")
+            .env_remove("GPU_SHARE_PLUGIN")
+            .args([
+                "autopilot",
+                "--identity",
+                identity,
+                "--debounce-seconds",
+                "0.2",
+                "--lease-duration-seconds",
+                "2",
+            ])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Autopilot { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Autopilot {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An opt-in H100 node with GFD's labels (and more labels given).
+fn h100_node(api: &KubeDouble, name: &str, extra: &[(&str, &str)]) {
+    let mut labels = vec![
+        ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+        ("nvidia.com/gpu.count", "1"),
+        ("gpu-share.dev/autopilot", "enabled"),
+    ];
+    labels.extend_from_slice(extra);
+    api.put_node(fixtures::node(name, &labels));
+}
+
+fn pending_pod(api: &KubeDouble, name: &str, resource: &str) {
+    api.put_pod(
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"containers": [{"name": "main", "resources": {"limits": {resource: "1"}}}]},
+            "status": {"phase": "Pending"},
+        }))
+        .unwrap(),
+    );
+}
+
+/// Two opt-in H100 nodes, no profile yet, and four pending pods that need both.
+fn two_nodes_four_pending_pods(api: &KubeDouble, profiles: &[(&str, &str)]) {
+    api.put_configmap(fixtures::configmap(NS, PROFILES, profiles));
+    h100_node(api, "gpu-1", &[]);
+    h100_node(api, "gpu-2", &[]);
+    // A GPU node without the opt-in label: never changed.
+    api.put_node(fixtures::node(
+        "gpu-manual",
+        &[
+            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+            ("nvidia.com/gpu.count", "1"),
+        ],
+    ));
+    for i in 0..4 {
+        pending_pod(api, &format!("infer-{i}"), "nvidia.com/mig-3g.40gb");
+    }
+}
+
+fn label(api: &KubeDouble, node: &str, key: &str) -> Option<String> {
+    api.node(node)?.metadata.labels?.get(key).cloned()
+}
+
+/// The status document, parsed.
+fn status(api: &KubeDouble) -> Option<serde_yaml::Value> {
+    let cm = api.configmap(NS, STATUS)?;
+    serde_yaml::from_str(cm.data?.get("status.yaml")?).ok()
+}
+
+fn action(api: &KubeDouble, node: &str) -> Option<String> {
+    status(api)?["nodes"]
+        .as_sequence()?
+        .iter()
+        .find(|n| n["node"].as_str() == Some(node))?["action"]
+        .as_str()
+        .map(str::to_string)
+}
+
+fn wait_action(api: &KubeDouble, pilot: &Autopilot, node: &str, want: &str) {
+    assert!(
+        api.wait_until(WAIT, |a| action(a, node).as_deref() == Some(want)),
+        "{node} never {want}: status {:?}\n{}",
+        status(api),
+        pilot.log()
+    );
+}
+
+/// What the agent publishes once it applied the profile the node's label names.
+fn settle(api: &KubeDouble, node: &str) {
+    let key = label(api, node, PROFILE_LABEL).unwrap();
+    let text = api.configmap(NS, PROFILES).unwrap().data.unwrap()[&key].clone();
+    api.modify::<Node>(None, node, |n| {
+        n.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(STATE_LABEL.into(), "success".into());
+        n.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(APPLIED_HASH.into(), content_hash(&text));
+    });
+}
+
+/// What the agent publishes as soon as it sees a new label.
+fn set_state(api: &KubeDouble, node: &str, state: &str) {
+    api.set_node_label(node, STATE_LABEL, Some(state));
+}
+
+/// The profile the ConfigMap holds for `node`'s proposal, planned on one H100: what it
+/// advertises (an independent check that the written profile serves the pods).
+fn advertised(api: &KubeDouble, node: &str) -> BTreeMap<String, u64> {
+    let key = format!("advised-{node}");
+    let text = api.configmap(NS, PROFILES).unwrap().data.unwrap()[&key].clone();
+    let profile = parse_profile(&key, &text).unwrap();
+    let gpus = gpu_share::plan::ObservedNode::from_gpu_specs(&["h100x1".into()]).unwrap();
+    plan_for(&key, &profile, &gpus, PluginKind::Nvidia)
+        .unwrap()
+        .resources
+}
+
+fn events_for(api: &KubeDouble, node: &str, reason: &str) -> Vec<String> {
+    api.events()
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node))
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| {
+            format!(
+                "{} {}",
+                e.type_.unwrap_or_default(),
+                e.note.unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// Writes by the autopilot to Nodes or to the profiles ConfigMap, as the double logged them.
+fn writes_to_nodes_or_profiles(api: &KubeDouble) -> Vec<String> {
+    api.requests()
+        .into_iter()
+        .filter(|r| r.method != "GET")
+        .filter(|r| {
+            r.resource.starts_with("nodes")
+                || (r.resource == "configmaps" && r.name.as_deref() == Some(PROFILES))
+        })
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect()
+}
+
+#[test]
+fn dry_run_writes_only_the_status_and_events() {
+    let api = KubeDouble::start();
+    two_nodes_four_pending_pods(&api, &[]);
+    api.clear_requests();
+    let dir = tempfile::tempdir().unwrap();
+    let pilot = Autopilot::start(
+        dir.path(),
+        &api,
+        "a",
+        &["--dry-run", "--max-changing-nodes", "2"],
+    );
+    wait_action(&api, &pilot, "gpu-1", "dry-run");
+    wait_action(&api, &pilot, "gpu-2", "dry-run");
+    for node in ["gpu-1", "gpu-2"] {
+        let proposed = events_for(&api, node, "ProfileProposed");
+        assert!(
+            proposed
+                .iter()
+                .any(|e| e.starts_with("Normal would be applied: profile advised-")),
+            "{node}: {proposed:?}"
+        );
+        assert_eq!(label(&api, node, PROFILE_LABEL), None);
+    }
+    let st = status(&api).unwrap();
+    assert_eq!(st["dryRun"], true);
+    assert_eq!(st["identity"], "a");
+    let nodes: Vec<&str> = st["nodes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|n| n["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        nodes,
+        ["gpu-1", "gpu-2"],
+        "the node without opt-in is no supply"
+    );
+    // A few more rounds (a pod change) and still nothing written.
+    pending_pod(&api, "infer-late", "nvidia.com/mig-1g.10gb");
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(writes_to_nodes_or_profiles(&api), Vec::<String>::new());
+    let keys = api
+        .configmap(NS, PROFILES)
+        .unwrap()
+        .data
+        .unwrap_or_default();
+    assert!(keys.is_empty(), "{keys:?}");
+}
+
+#[test]
+fn a_real_run_relabels_one_node_at_a_time_within_the_budget() {
+    let api = KubeDouble::start();
+    two_nodes_four_pending_pods(&api, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let pilot = Autopilot::start(dir.path(), &api, "a", &["--max-changing-nodes", "1"]);
+    wait_action(&api, &pilot, "gpu-2", "waiting-budget");
+    let first = ["gpu-1", "gpu-2"]
+        .into_iter()
+        .find(|n| label(&api, n, PROFILE_LABEL).is_some())
+        .expect("one node relabelled");
+    let second = if first == "gpu-1" { "gpu-2" } else { "gpu-1" };
+    assert_eq!(
+        label(&api, first, PROFILE_LABEL).unwrap(),
+        format!("advised-{first}")
+    );
+    assert_eq!(label(&api, second, PROFILE_LABEL), None);
+    assert!(
+        advertised(&api, first)["nvidia.com/mig-3g.40gb"] >= 2,
+        "the written profile serves two pending pods"
+    );
+    assert!(events_for(&api, first, "ProfileAdvised")
+        .iter()
+        .any(|e| e.starts_with("Normal profile advised-")));
+    // The agent works through its states; every change is a round, and the second node waits.
+    for state in ["pending", "draining", "applying"] {
+        set_state(&api, first, state);
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(label(&api, second, PROFILE_LABEL), None, "during {state}");
+    }
+    assert_eq!(action(&api, second).as_deref(), Some("waiting-budget"));
+    settle(&api, first);
+    assert!(
+        api.wait_until(WAIT, |a| label(a, second, PROFILE_LABEL).is_some()),
+        "{}",
+        pilot.log()
+    );
+    assert_eq!(
+        label(&api, second, PROFILE_LABEL).unwrap(),
+        format!("advised-{second}")
+    );
+    assert!(advertised(&api, second)["nvidia.com/mig-3g.40gb"] >= 2);
+    wait_action(&api, &pilot, first, "unchanged");
+    assert_eq!(label(&api, "gpu-manual", PROFILE_LABEL), None);
+    // Only its own keys and the profile label: no other Node field was written.
+    let keys: Vec<String> = api
+        .configmap(NS, PROFILES)
+        .unwrap()
+        .data
+        .unwrap()
+        .into_keys()
+        .collect();
+    assert_eq!(keys, ["advised-gpu-1", "advised-gpu-2"]);
+}
+
+#[test]
+fn a_pdb_that_forbids_the_eviction_blocks_the_node_until_it_allows_it() {
+    let api = KubeDouble::start();
+    let whole = "version: v1\nrules:\n- devices: all\n  exclusive: true\n";
+    api.put_configmap(fixtures::configmap(NS, PROFILES, &[("whole", whole)]));
+    h100_node(
+        &api,
+        "gpu-1",
+        &[(PROFILE_LABEL, "whole"), (STATE_LABEL, "success")],
+    );
+    api.modify::<Node>(None, "gpu-1", |n| {
+        n.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(APPLIED_HASH.into(), content_hash(whole));
+    });
+    // A running pod holding a MIG device the node's profile no longer has: advise counts it as
+    // evicted by any change (it restarts on the new instance). Its PDB allows no disruption.
+    api.put_pod(fixtures::gpu_pod(
+        "ml",
+        "web-0",
+        "gpu-1",
+        &[("app", "web")],
+        "nvidia.com/mig-1g.10gb",
+        1,
+    ));
+    api.put_pdb(fixtures::pdb_min_available(
+        "ml",
+        "web",
+        &[("app", "web")],
+        1,
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let pilot = Autopilot::start(dir.path(), &api, "a", &[]);
+    wait_action(&api, &pilot, "gpu-1", "blocked-pdb");
+    let st = status(&api).unwrap();
+    let reason = st["nodes"][0]["reason"].as_str().unwrap().to_string();
+    assert!(
+        reason.contains("PodDisruptionBudget ml/web allows 0 disruption(s) now; the proposal would evict 1 of its pods (ml/web-0)"),
+        "{reason}"
+    );
+    let blocked = events_for(&api, "gpu-1", "ProfileProposalBlocked");
+    assert!(
+        blocked
+            .iter()
+            .any(|e| e.starts_with("Warning PodDisruptionBudget ml/web")),
+        "{blocked:?}"
+    );
+    assert_eq!(
+        label(&api, "gpu-1", PROFILE_LABEL).as_deref(),
+        Some("whole")
+    );
+    // The budget relaxes: the disruption controller allows one, and the node goes ahead.
+    api.modify::<PodDisruptionBudget>(Some("ml"), "web", |p| {
+        p.spec.as_mut().unwrap().min_available = Some(IntOrString::Int(0));
+    });
+    assert!(
+        api.wait_until(WAIT, |a| label(a, "gpu-1", PROFILE_LABEL).as_deref()
+            == Some("advised-gpu-1")),
+        "{:?}\n{}",
+        status(&api),
+        pilot.log()
+    );
+    assert!(advertised(&api, "gpu-1")["nvidia.com/mig-1g.10gb"] >= 1);
+}
+
+#[test]
+fn a_restarted_autopilot_resumes_the_rollout() {
+    let api = KubeDouble::start();
+    two_nodes_four_pending_pods(&api, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let first_pilot = Autopilot::start(dir.path(), &api, "a", &[]);
+    wait_action(&api, &first_pilot, "gpu-2", "waiting-budget");
+    let first = ["gpu-1", "gpu-2"]
+        .into_iter()
+        .find(|n| label(&api, n, PROFILE_LABEL).is_some())
+        .unwrap();
+    let second = if first == "gpu-1" { "gpu-2" } else { "gpu-1" };
+    set_state(&api, first, "draining");
+    // Crash mid-rollout: the first node is still draining, the second not started.
+    drop(first_pilot);
+    let pilot = Autopilot::start(dir.path(), &api, "b", &[]);
+    assert!(
+        api.wait_until(WAIT, |a| status(a).is_some_and(|s| s["identity"] == "b")),
+        "b takes over once a's lease lapses\n{}",
+        pilot.log()
+    );
+    assert_eq!(
+        api.lease(NS, "gpu-share-autopilot")
+            .and_then(|l| l.spec?.holder_identity)
+            .as_deref(),
+        Some("b")
+    );
+    assert_eq!(action(&api, second).as_deref(), Some("waiting-budget"));
+    assert!(
+        status(&api).unwrap()["changingNodes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str() == Some(first)),
+        "the restarted autopilot sees the first node still changing, from its labels"
+    );
+    assert_eq!(label(&api, second, PROFILE_LABEL), None);
+    settle(&api, first);
+    assert!(
+        api.wait_until(WAIT, |a| label(a, second, PROFILE_LABEL).as_deref()
+            == Some(format!("advised-{second}").as_str())),
+        "{}",
+        pilot.log()
+    );
+}
+
+/// The status ConfigMap is created by the autopilot when missing, in its namespace.
+#[test]
+fn the_status_configmap_is_created_in_the_namespace() {
+    let api = KubeDouble::start();
+    two_nodes_four_pending_pods(&api, &[]);
+    assert!(api.get::<ConfigMap>(Some(NS), STATUS).is_none());
+    let dir = tempfile::tempdir().unwrap();
+    let pilot = Autopilot::start(dir.path(), &api, "a", &["--dry-run"]);
+    wait_action(&api, &pilot, "gpu-1", "dry-run");
+    let st = status(&api).unwrap();
+    assert_eq!(st["maxChangingNodes"], 1);
+    assert!(st["updated"].as_str().unwrap().ends_with('Z'));
+}
