@@ -434,3 +434,135 @@ fn the_status_configmap_is_created_in_the_namespace() {
     assert_eq!(st["maxChangingNodes"], 1);
     assert!(st["updated"].as_str().unwrap().ends_with('Z'));
 }
+
+/// The whole path on simulated nodes: real agents (`--plugin builtin`, fake NVML, the simulated
+/// kubelet's device-plugin manager writing `status.allocatable`) and the autopilot. Four pending
+/// pods need two nodes' worth of 3g.40gb; with a budget of one the nodes change one after the
+/// other (sampled throughout: never two relabelled and unsettled at once), and in the end the
+/// nodes advertise what the pending pods request, so they become schedulable. Nothing ran on
+/// the GPUs before, so nothing is evicted.
+#[test]
+fn on_simulated_nodes_pending_pods_become_schedulable_one_node_at_a_time() {
+    use node_sim::{gpu_allocatable, h100s, AgentNode, DevicePluginKubelet};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let api = Arc::new(KubeDouble::start());
+    api.put_configmap(fixtures::configmap(NS, PROFILES, &[]));
+    let mut nodes = Vec::new();
+    let mut kubelets = Vec::new();
+    for name in ["gpu-1", "gpu-2"] {
+        let mut node = AgentNode::new(&api, name, h100s(1, false));
+        for (k, v) in [
+            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+            ("nvidia.com/gpu.count", "1"),
+            ("gpu-share.dev/autopilot", "enabled"),
+        ] {
+            api.set_node_label(name, k, Some(v));
+        }
+        let dp = node.path("device-plugins");
+        kubelets.push(DevicePluginKubelet::serve(&api, name, &dp));
+        let mut cmd = node.agent_command();
+        cmd.args(["agent", "--plugin", "builtin", "--plugin-reload", "none"])
+            .args(["--plugin-health-ms", "200", "--kubelet-poll-ms", "100"])
+            .args(["--lease-duration-secs", "2", "--resync-secs", "2"])
+            .arg("--device-plugin-dir")
+            .arg(&dp);
+        node.spawn(cmd);
+        nodes.push(node);
+    }
+    for i in 0..4 {
+        pending_pod(&api, &format!("infer-{i}"), "nvidia.com/mig-3g.40gb");
+    }
+    // Sample how many nodes are relabelled and not yet settled by their agent.
+    let most_changing = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (api, most, done) = (
+            Arc::clone(&api),
+            Arc::clone(&most_changing),
+            Arc::clone(&done),
+        );
+        std::thread::spawn(move || {
+            while !done.load(Ordering::SeqCst) {
+                let changing = ["gpu-1", "gpu-2"]
+                    .iter()
+                    .filter(|n| {
+                        label(&api, n, PROFILE_LABEL).is_some()
+                            && label(&api, n, STATE_LABEL).as_deref() != Some("success")
+                    })
+                    .count();
+                most.fetch_max(changing, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let pilot = Autopilot::start(dir.path(), &api, "a", &["--plugin", "builtin"]);
+    let served = |a: &KubeDouble| {
+        ["gpu-1", "gpu-2"]
+            .iter()
+            .map(|n| {
+                gpu_allocatable(a, n)
+                    .get("nvidia.com/mig-3g.40gb")
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .sum::<u64>()
+    };
+    let ok = api.wait_until(Duration::from_secs(60), |a| served(a) >= 4);
+    done.store(true, Ordering::SeqCst);
+    sampler.join().unwrap();
+    assert!(
+        ok,
+        "allocatable {:?} / {:?}\nstatus {:?}\n{}\n{}\n{}",
+        gpu_allocatable(&api, "gpu-1"),
+        gpu_allocatable(&api, "gpu-2"),
+        status(&api),
+        pilot.log(),
+        nodes[0].log(),
+        nodes[1].log()
+    );
+    for node in ["gpu-1", "gpu-2"] {
+        assert_eq!(
+            label(&api, node, PROFILE_LABEL).unwrap(),
+            format!("advised-{node}")
+        );
+        assert_eq!(
+            gpu_allocatable(&api, node)["nvidia.com/mig-3g.40gb"],
+            2,
+            "{node}"
+        );
+    }
+    assert_eq!(
+        most_changing.load(Ordering::SeqCst),
+        1,
+        "never two nodes changing with a budget of one"
+    );
+    assert!(api.evictions().is_empty(), "{:?}", api.evictions());
+    wait_action(&api, &pilot, "gpu-1", "unchanged");
+    wait_action(&api, &pilot, "gpu-2", "unchanged");
+}
+
+/// SIGTERM (a rolling update of the Deployment) gives the Lease back at once, so the next
+/// replica does not wait for it to lapse.
+#[test]
+fn sigterm_gives_the_lease_back() {
+    let api = KubeDouble::start();
+    two_nodes_four_pending_pods(&api, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut pilot = Autopilot::start(dir.path(), &api, "a", &["--dry-run"]);
+    let holder = |a: &KubeDouble| {
+        a.lease(NS, "gpu-share-autopilot")
+            .and_then(|l| l.spec?.holder_identity)
+    };
+    assert!(api.wait_until(WAIT, |a| holder(a).as_deref() == Some("a")));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pilot.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let exit = pilot.child.wait().unwrap();
+    assert!(exit.success(), "{exit:?}\n{}", pilot.log());
+    assert_eq!(holder(&api), None, "{}", pilot.log());
+}

@@ -120,6 +120,9 @@ pub async fn run(args: AutopilotArgs) -> anyhow::Result<()> {
             dry_run: args.dry_run,
         },
     };
+    if args.max_changing_nodes == 0 {
+        warn!("--max-changing-nodes 0 would never change a node; using 1");
+    }
     let debounce = Duration::from_secs_f64(args.debounce_seconds);
     info!(
         dry_run = args.dry_run,

@@ -13,6 +13,7 @@ use kube::core::{Selector, SelectorExt};
 use serde::Serialize;
 
 use crate::advise::{Advice, NodeAdvice};
+use crate::agent::node::REASON_ANNOTATION as REASON;
 use crate::agent::reconcile::content_hash;
 use crate::profile::parse_profile;
 
@@ -232,6 +233,11 @@ fn runs_it_already(
 ) -> Option<String> {
     let label = view.profile.as_deref()?;
     if label == advice.profile_key && key_matches {
+        if view.state.as_deref() == Some("failed") {
+            return Some(format!(
+                "has {label}, the proposal, but its agent reports failed (the node's {REASON})"
+            ));
+        }
         if !view.settled(profiles) {
             return Some(format!(
                 "has {label}, the proposal, not settled yet (state {})",

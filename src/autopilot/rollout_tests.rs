@@ -168,10 +168,18 @@ fn the_next_node_waits_until_the_first_settles_with_the_new_profile() {
         [("n1", Action::Unchanged), ("n2", Action::Applied)]
     );
     world.applied("n1", "failed");
+    let d = world.decide();
+    assert_eq!(d[1].action, Action::Applied, "failed is settled");
     assert_eq!(
-        world.decide()[1].action,
-        Action::Applied,
-        "failed is settled"
+        d[0].action,
+        Action::Unchanged,
+        "a failed proposal is not retried in a loop"
+    );
+    assert!(
+        d[0].reason
+            .contains("its agent reports failed (the node's gpu-share.dev/profile.reason)"),
+        "{}",
+        d[0].reason
     );
 }
 
