@@ -20,6 +20,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube_double::{fixtures, KubeDouble};
+use node_sim::{gpu_allocatable, h100s, AgentNode, DevicePluginKubelet};
+use std::sync::Arc;
 
 const NS: &str = "gpu-share";
 const PROFILES: &str = "gpu-share-profiles";
@@ -443,34 +445,14 @@ fn the_status_configmap_is_created_in_the_namespace() {
 /// the GPUs before, so nothing is evicted.
 #[test]
 fn on_simulated_nodes_pending_pods_become_schedulable_one_node_at_a_time() {
-    use node_sim::{gpu_allocatable, h100s, AgentNode, DevicePluginKubelet};
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    use std::sync::Arc;
 
     let api = Arc::new(KubeDouble::start());
     api.put_configmap(fixtures::configmap(NS, PROFILES, &[]));
-    let mut nodes = Vec::new();
-    let mut kubelets = Vec::new();
-    for name in ["gpu-1", "gpu-2"] {
-        let mut node = AgentNode::new(&api, name, h100s(1, false));
-        for (k, v) in [
-            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
-            ("nvidia.com/gpu.count", "1"),
-            ("gpu-share.dev/autopilot", "enabled"),
-        ] {
-            api.set_node_label(name, k, Some(v));
-        }
-        let dp = node.path("device-plugins");
-        kubelets.push(DevicePluginKubelet::serve(&api, name, &dp));
-        let mut cmd = node.agent_command();
-        cmd.args(["agent", "--plugin", "builtin", "--plugin-reload", "none"])
-            .args(["--plugin-health-ms", "200", "--kubelet-poll-ms", "100"])
-            .args(["--lease-duration-secs", "2", "--resync-secs", "2"])
-            .arg("--device-plugin-dir")
-            .arg(&dp);
-        node.spawn(cmd);
-        nodes.push(node);
-    }
+    let (nodes, _kubelets): (Vec<_>, Vec<_>) = ["gpu-1", "gpu-2"]
+        .iter()
+        .map(|n| simulated_node(&api, n))
+        .unzip();
     for i in 0..4 {
         pending_pod(&api, &format!("infer-{i}"), "nvidia.com/mig-3g.40gb");
     }
@@ -565,4 +547,119 @@ fn sigterm_gives_the_lease_back() {
     let exit = pilot.child.wait().unwrap();
     assert!(exit.success(), "{exit:?}\n{}", pilot.log());
     assert_eq!(holder(&api), None, "{}", pilot.log());
+}
+
+/// An opt-in node with one H100 (MIG off), GFD's labels, the simulated kubelet's device-plugin
+/// manager and a real agent running the built-in plugin.
+fn simulated_node(api: &Arc<KubeDouble>, name: &str) -> (AgentNode, DevicePluginKubelet) {
+    let mut node = AgentNode::new(api, name, h100s(1, false));
+    for (k, v) in [
+        ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+        ("nvidia.com/gpu.count", "1"),
+        ("gpu-share.dev/autopilot", "enabled"),
+    ] {
+        api.set_node_label(name, k, Some(v));
+    }
+    let dp = node.path("device-plugins");
+    let kubelet = DevicePluginKubelet::serve(api, name, &dp);
+    let mut cmd = node.agent_command();
+    cmd.args(["agent", "--plugin", "builtin", "--plugin-reload", "none"])
+        .args(["--plugin-health-ms", "200", "--kubelet-poll-ms", "100"])
+        .args(["--lease-duration-secs", "2", "--resync-secs", "2"])
+        .arg("--device-plugin-dir")
+        .arg(&dp);
+    node.spawn(cmd);
+    (node, kubelet)
+}
+
+/// A node running pods on MIG instances: the proposal for two pending 1g.10gb pods adds two
+/// instances in the free slices beside them, so the agent destroys nothing and evicts nobody,
+/// and the running pods keep their devices.
+#[test]
+fn on_a_simulated_node_with_running_pods_the_proposal_adds_beside_them_and_evicts_nobody() {
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use node_sim::{wait_state, Workload};
+
+    let api = Arc::new(KubeDouble::start());
+    let start = "version: v1\nrules:\n- devices: all\n  mig: {3g.40gb: 1, 1g.10gb: 1}\n";
+    api.put_configmap(fixtures::configmap(NS, PROFILES, &[("start", start)]));
+    let (node, _kubelet) = simulated_node(&api, "gpu-1");
+    api.set_node_label("gpu-1", PROFILE_LABEL, Some("start"));
+    wait_state(&api, &node, "success", WAIT);
+    let state = node.nvml();
+    let gis: Vec<(u32, u32, u32)> = state.gpus[0]
+        .gpu_instances
+        .iter()
+        .map(|g| (g.id, g.placement.start, g.placement.size))
+        .collect();
+    let (big, small) = {
+        let big = gis.iter().find(|g| g.2 == 4).expect("a 3g.40gb").0;
+        let small = gis.iter().find(|g| g.2 == 1).expect("a 1g.10gb").0;
+        (big, small)
+    };
+    node.add_workloads(
+        &api,
+        &[
+            Workload::on_mig("big", 4001, 0, big),
+            Workload::on_mig("small", 4002, 0, small),
+        ],
+    );
+    // add_workloads requests a 1g.10gb for every MIG pod: "big" holds the 3g.40gb.
+    api.modify::<Pod>(Some("default"), "big", |p| {
+        let c = &mut p.spec.as_mut().unwrap().containers[0];
+        let q = BTreeMap::from([("nvidia.com/mig-3g.40gb".to_string(), Quantity("1".into()))]);
+        let r = c.resources.as_mut().unwrap();
+        r.limits = Some(q.clone());
+        r.requests = Some(q);
+    });
+    let destroyed_before = node.count("nvmlGpuInstanceDestroy");
+    let created_before = node.count("nvmlDeviceCreateGpuInstanceWithPlacement");
+    let dir = tempfile::tempdir().unwrap();
+    let pilot = Autopilot::start(dir.path(), &api, "a", &["--plugin", "builtin"]);
+    // Nothing pending: the hand-written profile already serves the running pods as the
+    // proposal would, so the node keeps it (no relabel, no re-apply).
+    wait_action(&api, &pilot, "gpu-1", "unchanged");
+    let reason = status(&api).unwrap()["nodes"][0]["reason"].clone();
+    assert_eq!(
+        reason.as_str(),
+        Some("its profile start configures the GPUs as the proposal would")
+    );
+    assert_eq!(
+        label(&api, "gpu-1", PROFILE_LABEL).as_deref(),
+        Some("start")
+    );
+    pending_pod(&api, "more-0", "nvidia.com/mig-1g.10gb");
+    pending_pod(&api, "more-1", "nvidia.com/mig-1g.10gb");
+    let ok = api.wait_until(Duration::from_secs(60), |a| {
+        gpu_allocatable(a, "gpu-1")
+            .get("nvidia.com/mig-1g.10gb")
+            .is_some_and(|n| *n >= 3)
+    });
+    assert!(
+        ok,
+        "instances {gis:?}\nstatus {:?}\n{}\n{}",
+        status(&api),
+        pilot.log(),
+        node.log()
+    );
+    assert_eq!(
+        label(&api, "gpu-1", PROFILE_LABEL).as_deref(),
+        Some("advised-gpu-1")
+    );
+    wait_state(&api, &node, "success", WAIT);
+    assert_eq!(
+        node.count("nvmlGpuInstanceDestroy"),
+        destroyed_before,
+        "nothing destroyed"
+    );
+    assert!(api.evictions().is_empty(), "{:?}", api.evictions());
+    assert!(api.pod("default", "big").is_some() && api.pod("default", "small").is_some());
+    let allocatable = gpu_allocatable(&api, "gpu-1");
+    assert_eq!(allocatable["nvidia.com/mig-3g.40gb"], 1, "{allocatable:?}");
+    assert_eq!(allocatable["nvidia.com/mig-1g.10gb"], 3, "{allocatable:?}");
+    assert_eq!(
+        node.count("nvmlDeviceCreateGpuInstanceWithPlacement") - created_before,
+        2
+    );
 }

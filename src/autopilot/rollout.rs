@@ -103,6 +103,9 @@ pub struct RolloutInput<'a> {
     pub pod_labels: &'a BTreeMap<String, BTreeMap<String, String>>,
     /// `namespace/name` of the pods that are pending.
     pub pending: &'a BTreeSet<String>,
+    /// Nodes whose current profile configures the GPUs exactly as their proposal would (same
+    /// modes and resources, no instance changes): left alone.
+    pub equivalent: &'a BTreeSet<String>,
     pub dry_run: bool,
 }
 
@@ -171,7 +174,8 @@ fn decide_node(
         write_key: !key_matches,
         set_label: view.profile.as_deref() != Some(key.as_str()),
     };
-    if let Some(why) = runs_it_already(&view, advice, input.profiles, key_matches) {
+    let equivalent = input.equivalent.contains(&advice.node);
+    if let Some(why) = runs_it_already(&view, advice, input.profiles, key_matches, equivalent) {
         decision.reason = why;
         decision.write_key = false;
         decision.set_label = false;
@@ -224,12 +228,13 @@ fn decide_node(
 }
 
 /// Why the node needs nothing: its label names the key and the key holds the proposal, or
-/// the profile its label names is the proposal already.
+/// the profile its label names is the proposal already (or plans the same: `equivalent`).
 fn runs_it_already(
     view: &NodeView,
     advice: &NodeAdvice,
     profiles: &BTreeMap<String, String>,
     key_matches: bool,
+    equivalent: bool,
 ) -> Option<String> {
     let label = view.profile.as_deref()?;
     if label == advice.profile_key && key_matches {
@@ -246,9 +251,16 @@ fn runs_it_already(
         }
         return Some(format!("runs {label}, the proposal"));
     }
+    if label == advice.profile_key {
+        return None;
+    }
+    if equivalent {
+        return Some(format!(
+            "its profile {label} configures the GPUs as the proposal would"
+        ));
+    }
     let current = parse_profile(label, profiles.get(label)?).ok()?;
-    (label != advice.profile_key && current == advice.profile)
-        .then(|| format!("its profile {label} is the proposal already"))
+    (current == advice.profile).then(|| format!("its profile {label} is the proposal already"))
 }
 
 /// A PDB that would refuse the evictions the proposal needs: more of its pods evicted than its

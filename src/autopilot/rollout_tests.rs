@@ -59,6 +59,7 @@ struct World {
     pdbs: Vec<Budget>,
     pod_labels: BTreeMap<String, BTreeMap<String, String>>,
     pending: BTreeSet<String>,
+    equivalent: BTreeSet<String>,
     dry_run: bool,
 }
 
@@ -81,6 +82,7 @@ impl World {
             pdbs: vec![],
             pod_labels: BTreeMap::new(),
             pending: pending.iter().map(|p| p.to_string()).collect(),
+            equivalent: BTreeSet::new(),
             dry_run: false,
         }
     }
@@ -95,6 +97,7 @@ impl World {
             pdbs: &self.pdbs,
             pod_labels: &self.pod_labels,
             pending: &self.pending,
+            equivalent: &self.equivalent,
             dry_run: self.dry_run,
         })
     }
@@ -271,6 +274,16 @@ fn a_node_whose_own_profile_is_the_proposal_is_left_alone() {
     assert!(d[0]
         .reason
         .contains("its profile hand is the proposal already"));
+    // A profile written differently that plans the same (the round finds it so) stays too.
+    world.equivalent.insert("n2".into());
+    let d = world.decide();
+    assert_eq!(d[1].action, Action::Unchanged);
+    assert!(
+        d[1].reason
+            .contains("its profile other configures the GPUs as the proposal would"),
+        "{}",
+        d[1].reason
+    );
 }
 
 #[test]

@@ -22,6 +22,7 @@ use crate::advise::live::{self, Cluster};
 use crate::advise::{self, Phase};
 use crate::agent::lease::SLOT_PREFIX;
 use crate::agent::node::{annotation, label, APPLIED_HASH_ANNOTATION, PROFILE_LABEL, STATE_LABEL};
+use crate::plan::plan_for;
 use crate::sharing::PluginKind;
 
 /// The opt-in label: only nodes with it are supply the autopilot may change.
@@ -63,6 +64,7 @@ impl Round {
         let refused = drop_unservable_pods(&mut input.demand);
         let advice = advise::advise(&input.demand, &input.supply, s.plugin)
             .map_err(|errors| anyhow::anyhow!("advise refused its input: {}", errors.join("; ")))?;
+        let equivalent = equivalent_nodes(&input.supply, &advice, s.plugin);
         let nodes = node_views(&cluster);
         let pdbs = self.budgets().await?;
         let drain_holders = self.drain_holders().await?;
@@ -83,6 +85,7 @@ impl Round {
             pdbs: &pdbs,
             pod_labels: &pod_labels,
             pending: &pending,
+            equivalent: &equivalent,
             dry_run: s.dry_run,
         });
         if !s.dry_run {
@@ -226,6 +229,47 @@ impl Round {
                 .collect(),
         }
     }
+}
+
+/// Nodes whose current profile configures the GPUs as the proposal would: no instance created
+/// or destroyed, no MIG mode change, the same mode per GPU (instances, replicas, MPS settings)
+/// and the same advertised resources. Relabelling them would change nothing but the label (and
+/// make the agent re-apply), so a hand-written profile that already serves the demand stays.
+fn equivalent_nodes(
+    supply: &advise::Supply,
+    advice: &advise::Advice,
+    plugin: PluginKind,
+) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for node in &supply.nodes {
+        let (Some(name), Some(profile)) = (&node.profile_name, &node.profile) else {
+            continue;
+        };
+        let Some(proposal) = advice.nodes.iter().find(|a| a.node == node.name) else {
+            continue;
+        };
+        if proposal.instances_created + proposal.instances_destroyed + proposal.mig_mode_changes > 0
+        {
+            continue;
+        }
+        let Ok(now) = node.now(plugin) else { continue };
+        let current = plan_for(name, profile, &now.observed, plugin);
+        let proposed = plan_for(
+            &proposal.profile_key,
+            &proposal.profile,
+            &now.observed,
+            plugin,
+        );
+        if let (Ok(current), Ok(proposed)) = (current, proposed) {
+            let modes = |p: &crate::plan::NodePlan| -> Vec<_> {
+                p.gpus.iter().map(|g| g.mode.clone()).collect()
+            };
+            if modes(&current) == modes(&proposed) && current.resources == proposed.resources {
+                out.insert(node.name.clone());
+            }
+        }
+    }
+    out
 }
 
 /// Pods whose requests advise cannot serve (an unknown isolation, two GPU resources) are left
