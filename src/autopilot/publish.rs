@@ -36,7 +36,7 @@ pub struct Status {
     /// Nodes changing after this round (settling a change, or holding a drain slot).
     pub changing_nodes: Vec<String>,
     pub unschedulable: Vec<Unschedulable>,
-    /// GPU nodes left out of the supply, with why.
+    /// GPU nodes left out of the supply and pods left out of the demand, each with why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<String>,
     pub nodes: Vec<NodeStatus>,

@@ -48,9 +48,30 @@ pub struct Round {
     pub settings: Settings,
 }
 
+/// What a round saw: the cluster, the advice for it, and what the decisions need.
+struct Observed {
+    cluster: Cluster,
+    advice: advise::Advice,
+    nodes: BTreeMap<String, NodeView>,
+    equivalent: BTreeSet<String>,
+    pdbs: Vec<Budget>,
+    drain_holders: BTreeSet<String>,
+    pod_labels: BTreeMap<String, BTreeMap<String, String>>,
+    pending: BTreeSet<String>,
+    /// Nodes left out of the supply and pods left out of the demand, each with why.
+    left_out: Vec<String>,
+}
+
 impl Round {
-    /// Run one round; the status it published.
+    /// Run one round: observe, decide, act (not in dry-run), publish; the status published.
     pub async fn run(&self) -> anyhow::Result<Status> {
+        let seen = self.observe().await?;
+        let mut decisions = self.decide(&seen);
+        self.act(&mut decisions).await;
+        self.publish(&seen, &decisions).await
+    }
+
+    async fn observe(&self) -> anyhow::Result<Observed> {
         let s = &self.settings;
         let cluster = live::read_cluster(
             &self.client,
@@ -61,68 +82,76 @@ impl Round {
         .await
         .context("cannot read pods, nodes or the profiles ConfigMap")?;
         let mut input = live::from_cluster(&cluster, s.plugin);
-        let refused = drop_unservable_pods(&mut input.demand);
+        let mut left_out = std::mem::take(&mut input.skipped);
+        left_out.extend(drop_unservable_pods(&mut input.demand));
         let advice = advise::advise(&input.demand, &input.supply, s.plugin)
             .map_err(|errors| anyhow::anyhow!("advise refused its input: {}", errors.join("; ")))?;
-        let equivalent = equivalent_nodes(&input.supply, &advice, s.plugin);
-        let nodes = node_views(&cluster);
-        let pdbs = self.budgets().await?;
-        let drain_holders = self.drain_holders().await?;
-        let pod_labels = pod_labels(&cluster);
-        let pending: BTreeSet<String> = input
+        let pending = input
             .demand
             .pods
             .iter()
             .filter(|p| p.phase == Phase::Pending)
             .map(|p| p.id())
             .collect();
-        let mut decisions = rollout::decide(&RolloutInput {
-            advice: &advice,
-            nodes: &nodes,
-            profiles: &cluster.profiles,
-            drain_holders: &drain_holders,
-            max_changing: s.max_changing,
-            pdbs: &pdbs,
-            pod_labels: &pod_labels,
-            pending: &pending,
-            equivalent: &equivalent,
-            dry_run: s.dry_run,
-        });
-        if !s.dry_run {
-            for decision in decisions.iter_mut().filter(|d| d.action == Action::Applied) {
-                if let Err(e) = self.write(decision).await {
-                    warn!(node = %decision.node, error = %e, "could not apply the proposal");
-                    decision.action = Action::WaitingBudget;
-                    decision.reason =
-                        format!("could not write the proposal (retried next round): {e:#}");
-                }
+        Ok(Observed {
+            equivalent: equivalent_nodes(&input.supply, &advice, s.plugin),
+            nodes: node_views(&cluster),
+            pdbs: self.budgets().await?,
+            drain_holders: self.drain_holders().await?,
+            pod_labels: pod_labels(&cluster),
+            pending,
+            left_out,
+            advice,
+            cluster,
+        })
+    }
+
+    fn decide(&self, seen: &Observed) -> Vec<Decision> {
+        rollout::decide(&RolloutInput {
+            advice: &seen.advice,
+            nodes: &seen.nodes,
+            profiles: &seen.cluster.profiles,
+            drain_holders: &seen.drain_holders,
+            max_changing: self.settings.max_changing,
+            pdbs: &seen.pdbs,
+            pod_labels: &seen.pod_labels,
+            pending: &seen.pending,
+            equivalent: &seen.equivalent,
+            dry_run: self.settings.dry_run,
+        })
+    }
+
+    /// Write the applied decisions; one that cannot be written waits for the next round, with
+    /// the error as its reason. Dry-run decisions are never `Applied`, so nothing is written.
+    async fn act(&self, decisions: &mut [Decision]) {
+        for decision in decisions.iter_mut().filter(|d| d.action == Action::Applied) {
+            if let Err(e) = self.write(decision).await {
+                warn!(node = %decision.node, error = format!("{e:#}"), "could not apply the proposal");
+                decision.action = Action::WaitingBudget;
+                decision.reason =
+                    format!("could not write the proposal (retried next round): {e:#}");
             }
         }
-        for decision in &decisions {
-            if let Some(node) = cluster
-                .nodes
-                .iter()
-                .find(|n| n.metadata.name.as_deref() == Some(&decision.node))
-            {
+    }
+
+    /// Events on the nodes, then the status ConfigMap.
+    async fn publish(&self, seen: &Observed, decisions: &[Decision]) -> anyhow::Result<Status> {
+        let s = &self.settings;
+        for decision in decisions {
+            let node = (seen.cluster.nodes.iter())
+                .find(|n| n.metadata.name.as_deref() == Some(&decision.node));
+            if let Some(node) = node {
                 publish::event(&self.recorder, node, decision).await;
             }
+            if decision.action != Action::Unchanged {
+                info!(node = %decision.node, action = decision.action.as_str(), reason = %decision.reason, "autopilot");
+            }
         }
-        let status = self.status(
-            &advice,
-            &decisions,
-            &nodes,
-            &cluster,
-            &drain_holders,
-            input.skipped,
-            refused,
-        );
+        let status = self.status(seen, decisions);
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &s.namespace);
         publish::write_status(&api, &s.status_configmap, &status)
             .await
             .with_context(|| format!("cannot write the status ConfigMap {}", s.status_configmap))?;
-        for d in decisions.iter().filter(|d| d.action != Action::Unchanged) {
-            info!(node = %d.node, action = d.action.as_str(), reason = %d.reason, "autopilot");
-        }
         Ok(status)
     }
 
@@ -192,38 +221,28 @@ impl Round {
             .collect())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn status(
-        &self,
-        advice: &advise::Advice,
-        decisions: &[Decision],
-        nodes: &BTreeMap<String, NodeView>,
-        cluster: &Cluster,
-        drain_holders: &BTreeSet<String>,
-        mut skipped: Vec<String>,
-        refused: Vec<String>,
-    ) -> Status {
+    fn status(&self, seen: &Observed, decisions: &[Decision]) -> Status {
         let s = &self.settings;
-        let mut changing = rollout::changing(nodes, &cluster.profiles, drain_holders);
+        let mut changing =
+            rollout::changing(&seen.nodes, &seen.cluster.profiles, &seen.drain_holders);
         changing.extend(
             decisions
                 .iter()
                 .filter(|d| d.action == Action::Applied)
                 .map(|d| d.node.clone()),
         );
-        skipped.extend(refused);
         Status {
             updated: Timestamp::now().to_string(),
             identity: s.identity.clone(),
             dry_run: s.dry_run,
             max_changing_nodes: s.max_changing,
             changing_nodes: changing.into_iter().collect(),
-            unschedulable: advice.unschedulable.clone(),
-            skipped,
+            unschedulable: seen.advice.unschedulable.clone(),
+            skipped: seen.left_out.clone(),
             nodes: decisions
                 .iter()
                 .filter_map(|d| {
-                    let a = advice.nodes.iter().find(|a| a.node == d.node)?;
+                    let a = seen.advice.nodes.iter().find(|a| a.node == d.node)?;
                     Some(NodeStatus::new(d, a))
                 })
                 .collect(),
