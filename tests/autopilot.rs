@@ -210,6 +210,17 @@ fn writes_to_nodes_or_profiles(api: &KubeDouble) -> Vec<String> {
 fn dry_run_writes_only_the_status_and_events() {
     let api = KubeDouble::start();
     two_nodes_four_pending_pods(&api, &[]);
+    // A pod advise cannot serve is left out with advise's reason; the rest goes on.
+    api.put_pod(
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "odd", "namespace": "ml",
+                         "annotations": {"gpu-share.dev/isolation": "vgpu"}},
+            "spec": {"containers": [{"name": "main",
+                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+            "status": {"phase": "Pending"},
+        }))
+        .unwrap(),
+    );
     api.clear_requests();
     let dir = tempfile::tempdir().unwrap();
     let pilot = Autopilot::start(
@@ -243,6 +254,10 @@ fn dry_run_writes_only_the_status_and_events() {
         nodes,
         ["gpu-1", "gpu-2"],
         "the node without opt-in is no supply"
+    );
+    assert_eq!(
+        st["skipped"][0],
+        "pod ml/odd: gpu-share.dev/isolation: \"vgpu\" is not mig, mps or shared"
     );
     // A few more rounds (a pod change) and still nothing written.
     pending_pod(&api, "infer-late", "nvidia.com/mig-1g.10gb");
