@@ -22,7 +22,7 @@ use super::demand::{from_pod, Demand, Phase, PodDemand};
 use super::render::PROFILE_LABEL;
 use super::supply::{Supply, SupplyNode};
 use crate::mig::catalog;
-use crate::profile::parse_profile;
+use crate::profile::{parse_profile, Profile};
 use crate::sharing::PluginKind;
 
 /// GFD: the GPU product, sanitised (spaces become `-`), e.g. `NVIDIA-H100-80GB-HBM3`.
@@ -134,9 +134,8 @@ fn supply_node(
     let Some(product) = label(node, PRODUCT_LABEL) else {
         return Ok(None);
     };
-    let count = match label(node, COUNT_LABEL).map(str::parse::<u32>) {
-        Some(Ok(n)) if n > 0 => n,
-        Some(Ok(_)) => return Ok(None),
+    let devices = match label(node, COUNT_LABEL).map(str::parse::<u32>) {
+        Some(Ok(n)) => n,
         _ => {
             return Err(format!(
                 "{PRODUCT_LABEL}={product} but no numeric {COUNT_LABEL} label"
@@ -155,6 +154,10 @@ fn supply_node(
             (Some(key.to_string()), Some(profile))
         }
     };
+    let count = gpu_count(product, devices, profile.as_ref())?;
+    if count == 0 {
+        return Ok(None);
+    }
     Ok(Some(SupplyNode {
         name,
         gpus: vec![gpu_spec(product, count)],
@@ -162,6 +165,36 @@ fn supply_node(
         profile_name,
         profile,
     }))
+}
+
+/// How many GPUs the node has. GFD's `gpu.count` counts what the device plugin advertises as
+/// `nvidia.com/gpu`: whole GPUs, except under the `single` MIG strategy (product label
+/// `…-MIG-<profile>`), where it counts the MIG devices (nvidia-stack.md §1.8). Then the GPUs
+/// are the devices over the instances per GPU of the node's current profile (single strategy:
+/// one rule, one MIG profile on every GPU). `-MIG-INVALID` is GFD saying the layout is broken.
+fn gpu_count(product: &str, devices: u32, profile: Option<&Profile>) -> Result<u32, String> {
+    let product = product.strip_suffix("-SHARED").unwrap_or(product);
+    let Some((_, mig_profile)) = product.split_once("-MIG-") else {
+        return Ok(devices);
+    };
+    if mig_profile == "INVALID" {
+        return Err(format!(
+            "{PRODUCT_LABEL}={product}: GPU Feature Discovery reports an invalid MIG layout"
+        ));
+    }
+    let per_gpu = profile
+        .into_iter()
+        .flat_map(|p| &p.rules)
+        .filter_map(|r| r.mig.as_ref()?.get(mig_profile))
+        .find(|n| **n > 0)
+        .and_then(|n| u32::try_from(*n).ok());
+    match per_gpu {
+        Some(n) if devices % n == 0 => Ok(devices / n),
+        _ => Err(format!(
+            "{PRODUCT_LABEL}={product}: under the single MIG strategy {COUNT_LABEL}={devices} counts \
+             {mig_profile} devices, and the node's profile does not say how many each GPU holds"
+        )),
+    }
 }
 
 /// GFD's sanitised product label as a `plan --gpu` spec: `<catalog key>x<count>` when the
@@ -247,6 +280,29 @@ mod tests {
             read("NVIDIA-H100-80GB-HBM3", 8),
             (8, "NVIDIA H100 80GB HBM3".to_string(), true)
         );
+    }
+
+    /// Under the single MIG strategy GFD's `gpu.count` counts MIG devices: 14 1g.10gb devices
+    /// on a node whose profile puts 7 on every GPU are 2 GPUs.
+    #[test]
+    fn the_single_strategy_count_is_read_through_the_profile() {
+        let seven = parse_profile(
+            "p",
+            "version: v1\nrules:\n- devices: all\n  mig: {1g.10gb: 7}\n",
+        )
+        .unwrap();
+        let product = "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb";
+        assert_eq!(gpu_count(product, 14, Some(&seven)), Ok(2));
+        assert_eq!(gpu_count("NVIDIA-H100-80GB-HBM3", 4, Some(&seven)), Ok(4));
+        assert_eq!(gpu_count("NVIDIA-H100-80GB-HBM3-SHARED", 2, None), Ok(2));
+        let e = gpu_count(product, 14, None).unwrap_err();
+        assert!(e.contains("counts 1g.10gb devices"), "{e}");
+        assert!(
+            gpu_count(product, 13, Some(&seven)).is_err(),
+            "not whole GPUs"
+        );
+        let e = gpu_count("NVIDIA-H100-80GB-HBM3-MIG-INVALID", 0, None).unwrap_err();
+        assert!(e.contains("invalid MIG layout"), "{e}");
     }
 
     #[test]
