@@ -189,7 +189,7 @@ fn gpu_count(product: &str, devices: u32, profile: Option<&Profile>) -> Result<u
         .find(|n| **n > 0)
         .and_then(|n| u32::try_from(*n).ok());
     match per_gpu {
-        Some(n) if devices % n == 0 => Ok(devices / n),
+        Some(n) if devices.is_multiple_of(n) => Ok(devices / n),
         _ => Err(format!(
             "{PRODUCT_LABEL}={product}: under the single MIG strategy {COUNT_LABEL}={devices} counts \
              {mig_profile} devices, and the node's profile does not say how many each GPU holds"
