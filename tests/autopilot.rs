@@ -678,3 +678,68 @@ fn on_a_simulated_node_with_running_pods_the_proposal_adds_beside_them_and_evict
         2
     );
 }
+
+/// A fleet of 32 opt-in nodes × 8 H100 and 448 pending pods (1g/2g/3g MIG): one dry-run round
+/// leaves no pod unschedulable, proposes for every node, and within the budget of 4 says which
+/// 4 would change now. Prints the round's duration from the autopilot's `round done` log line
+/// (a figure, not asserted).
+#[test]
+fn a_dry_run_round_over_a_fleet_serves_every_pending_pod() {
+    let api = KubeDouble::start();
+    api.put_configmap(fixtures::configmap(NS, PROFILES, &[]));
+    for n in 0..32 {
+        api.put_node(fixtures::node(
+            &format!("gpu-{n:02}"),
+            &[
+                ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+                ("nvidia.com/gpu.count", "8"),
+                ("gpu-share.dev/autopilot", "enabled"),
+            ],
+        ));
+    }
+    let sizes = [
+        ("nvidia.com/mig-3g.40gb", 128),
+        ("nvidia.com/mig-2g.20gb", 64),
+        ("nvidia.com/mig-1g.10gb", 256),
+    ];
+    for (resource, count) in sizes {
+        for i in 0..count {
+            let name = format!(
+                "{}-{i}",
+                &resource["nvidia.com/mig-".len()..].replace('.', "-")
+            );
+            pending_pod(&api, &name, resource);
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pilot = Autopilot::start(
+        dir.path(),
+        &api,
+        "a",
+        &["--dry-run", "--max-changing-nodes", "4"],
+    );
+    assert!(
+        api.wait_until(Duration::from_secs(120), |a| status(a).is_some()),
+        "{}",
+        pilot.log()
+    );
+    let st = status(&api).unwrap();
+    assert_eq!(st["unschedulable"].as_sequence().unwrap().len(), 0);
+    let nodes = st["nodes"].as_sequence().unwrap();
+    assert_eq!(nodes.len(), 32);
+    let count = |a: &str| nodes.iter().filter(|n| n["action"] == a).count();
+    assert_eq!(count("dry-run"), 4);
+    assert_eq!(
+        count("dry-run") + count("waiting-budget") + count("unchanged"),
+        32
+    );
+    let served: u64 = nodes.iter().map(|n| n["pods"].as_u64().unwrap()).sum();
+    assert_eq!(served, 448, "every pending pod placed on some node");
+    let round = pilot
+        .log()
+        .lines()
+        .find(|l| l.contains("round done"))
+        .map(str::to_string)
+        .unwrap_or_default();
+    eprintln!("figure: {round}");
+}

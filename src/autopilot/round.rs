@@ -65,10 +65,23 @@ struct Observed {
 impl Round {
     /// Run one round: observe, decide, act (not in dry-run), publish; the status published.
     pub async fn run(&self) -> anyhow::Result<Status> {
+        let started = std::time::Instant::now();
         let seen = self.observe().await?;
         let mut decisions = self.decide(&seen);
         self.act(&mut decisions).await;
-        self.publish(&seen, &decisions).await
+        let status = self.publish(&seen, &decisions).await?;
+        let count = |a: Action| decisions.iter().filter(|d| d.action == a).count();
+        info!(
+            round_ms = started.elapsed().as_millis() as u64,
+            nodes = decisions.len(),
+            pending_pods = seen.pending.len(),
+            unschedulable = seen.advice.unschedulable.len(),
+            applied = count(Action::Applied),
+            waiting = count(Action::WaitingBudget),
+            blocked = count(Action::BlockedPdb),
+            "round done"
+        );
+        Ok(status)
     }
 
     async fn observe(&self) -> anyhow::Result<Observed> {
