@@ -743,3 +743,28 @@ fn a_dry_run_round_over_a_fleet_serves_every_pending_pod() {
         .unwrap_or_default();
     eprintln!("figure: {round}");
 }
+
+/// Flags it cannot run with are refused at start, before it touches the API: `--plugin dra`
+/// (the agents refuse it too, so relabelled nodes would only fail) and a debounce out of range.
+#[test]
+fn unusable_flags_are_refused_at_start() {
+    for (args, says) in [
+        (&["--plugin", "dra"][..], "--plugin dra is not built yet"),
+        (
+            &["--debounce-seconds", "5000"][..],
+            "--debounce-seconds 5000: must be between 0 and 3600",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+            .env("KUBECONFIG", "/nonexistent")
+            .arg("autopilot")
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{args:?}: {err}"
+        );
+    }
+}
