@@ -21,6 +21,7 @@ use kube::Api;
 use super::demand::{from_pod, Demand, Phase, PodDemand};
 use super::render::PROFILE_LABEL;
 use super::supply::{Supply, SupplyNode};
+use crate::agent::node::CORDON_ANNOTATION;
 use crate::mig::catalog;
 use crate::profile::{parse_profile, Profile};
 use crate::sharing::PluginKind;
@@ -134,6 +135,9 @@ fn supply_node(
     let Some(product) = label(node, PRODUCT_LABEL) else {
         return Ok(None);
     };
+    if let Some(why) = unusable(node) {
+        return Err(why);
+    }
     let devices = match label(node, COUNT_LABEL).map(str::parse::<u32>) {
         Some(Ok(n)) => n,
         _ => {
@@ -165,6 +169,31 @@ fn supply_node(
         profile_name,
         profile,
     }))
+}
+
+/// Why pods cannot be placed on the node now: not Ready, or cordoned by someone other than
+/// gpu-share (the agent cordons with its annotation while it changes a node; that node stays
+/// supply). Advice for such a node would wait on a node nobody schedules to.
+fn unusable(node: &Node) -> Option<String> {
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.as_str());
+    if ready != Some("True") {
+        return Some(format!(
+            "not Ready (condition Ready is {})",
+            ready.unwrap_or("missing")
+        ));
+    }
+    let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    let by_us = node
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(CORDON_ANNOTATION));
+    (cordoned && !by_us).then(|| "cordoned, not by gpu-share".to_string())
 }
 
 /// How many GPUs the node has. GFD's `gpu.count` counts what the device plugin advertises as
@@ -234,11 +263,52 @@ fn same_product(a: &str, b: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// A Ready node with these labels.
     fn node(name: &str, labels: &[(&str, &str)]) -> Node {
         serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "labels": labels.iter().cloned().collect::<BTreeMap<_, _>>()}
+            "metadata": {"name": name, "labels": labels.iter().cloned().collect::<BTreeMap<_, _>>()},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn nodes_pods_cannot_be_placed_on_are_left_out() {
+        let gpu = [(PRODUCT_LABEL, "NVIDIA-H100-80GB-HBM3"), (COUNT_LABEL, "1")];
+        let mut not_ready = node("a", &gpu);
+        not_ready
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()[0]
+            .status = "Unknown".into();
+        let mut cordoned = node("b", &gpu);
+        cordoned.spec = Some(Default::default());
+        cordoned.spec.as_mut().unwrap().unschedulable = Some(true);
+        let mut ours = cordoned.clone();
+        ours.metadata.name = Some("c".into());
+        ours.metadata.annotations =
+            Some([(CORDON_ANNOTATION.to_string(), "reconfiguring".to_string())].into());
+        let cluster = Cluster {
+            nodes: vec![not_ready, cordoned, ours],
+            ..Default::default()
+        };
+        let input = from_cluster(&cluster, PluginKind::Nvidia);
+        let names: Vec<&str> = input.supply.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["c"],
+            "a node gpu-share cordoned mid-change stays supply"
+        );
+        assert_eq!(
+            input.skipped,
+            [
+                "node a: not Ready (condition Ready is Unknown)",
+                "node b: cordoned, not by gpu-share"
+            ]
+        );
     }
 
     fn pod(name: &str, phase: &str, node: Option<&str>, resource: &str) -> Pod {
