@@ -745,11 +745,15 @@ fn a_dry_run_round_over_a_fleet_serves_every_pending_pod() {
 }
 
 /// Flags it cannot run with are refused at start, before it touches the API: `--plugin dra`
-/// (the agents refuse it too, so relabelled nodes would only fail) and a debounce out of range.
+/// (advise sizes device-plugin resources; DRA nodes publish devices) and a debounce out of
+/// range.
 #[test]
 fn unusable_flags_are_refused_at_start() {
     for (args, says) in [
-        (&["--plugin", "dra"][..], "--plugin dra is not built yet"),
+        (
+            &["--plugin", "dra"][..],
+            "--plugin dra: the autopilot plans for nodes running the nvidia or builtin device plugin only",
+        ),
         (
             &["--debounce-seconds", "5000"][..],
             "--debounce-seconds 5000: must be between 0 and 3600",

@@ -73,9 +73,12 @@ const RESYNC: Duration = Duration::from_secs(60);
 /// Run until SIGTERM/SIGINT (then give the Lease back) or until leadership is lost (an error:
 /// the Deployment restarts the process, which then waits for the Lease).
 pub async fn run(args: AutopilotArgs) -> anyhow::Result<()> {
-    // The agents refuse `--plugin dra`: nodes relabelled for it would only fail.
+    // advise sizes device-plugin resources; DRA nodes publish devices, not resources.
     if args.plugin == PluginKind::Dra {
-        anyhow::bail!("{}", crate::dra::NOT_PUBLISHED_YET);
+        anyhow::bail!(
+            "--plugin dra: the autopilot plans for nodes running the nvidia or builtin device \
+             plugin only (docs/autopilot.md)"
+        );
     }
     if !(0.0..=3600.0).contains(&args.debounce_seconds) {
         anyhow::bail!(
