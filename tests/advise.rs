@@ -199,3 +199,147 @@ fn a_bad_request_is_refused_naming_the_pod() {
         "{err}"
     );
 }
+
+/// `advise --live` on the Kubernetes API double (the real kube client over HTTP): the example
+/// demand seeded as Pods, the example supply as Nodes with GPU Feature Discovery labels
+/// (`nvidia.com/gpu.product` sanitised as GFD writes it, nvidia-stack.md §1.8) and the profiles
+/// ConfigMap their `gpu-share.dev/profile` labels name. The proposals are checked the same way
+/// as the file mode's: validated, planned on each node independently, every pending pod placed
+/// and served.
+#[test]
+fn live_advise_reads_pods_nodes_and_profiles_from_the_api_and_every_pending_pod_fits() {
+    use kube_double::KubeDouble;
+    let api = KubeDouble::start();
+    let supply: Supply = serde_yaml::from_str(&data(SUPPLY)).unwrap();
+    let demand: Demand = serde_yaml::from_str(&data(DEMAND)).unwrap();
+    let mut profiles = serde_json::Map::new();
+    for node in &supply.nodes {
+        let now = node.now(PluginKind::Nvidia).unwrap();
+        let product = now.observed.gpus[0].product.replace(' ', "-");
+        let count = now.observed.gpus.len().to_string();
+        let mut labels = vec![
+            ("nvidia.com/gpu.product", product.as_str()),
+            ("nvidia.com/gpu.count", count.as_str()),
+        ];
+        if let (Some(key), Some(profile)) = (&node.profile_name, &node.profile) {
+            labels.push(("gpu-share.dev/profile", key.as_str()));
+            profiles.insert(key.clone(), serde_yaml::to_string(profile).unwrap().into());
+        }
+        api.put_node(kube_double::fixtures::node(&node.name, &labels));
+    }
+    // A CPU-only node: no GFD labels, not supply.
+    api.put_node(kube_double::fixtures::node("cpu-1", &[]));
+    api.put(
+        serde_json::from_value::<k8s_openapi::api::core::v1::ConfigMap>(serde_json::json!({
+            "metadata": {"name": "gpu-share-profiles", "namespace": "gpu-share"},
+            "data": profiles,
+        }))
+        .unwrap(),
+    );
+    for pod in &demand.pods {
+        let limits: BTreeMap<&String, String> = pod
+            .requests
+            .iter()
+            .map(|(r, n)| (r, n.to_string()))
+            .collect();
+        let phase = match pod.phase {
+            Phase::Pending => "Pending",
+            Phase::Running => "Running",
+        };
+        api.put_pod(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": pod.name, "namespace": pod.namespace,
+                             "annotations": pod.annotations},
+                "spec": {"nodeName": pod.node, "containers": [
+                    {"name": "main", "resources": {"limits": limits}}]},
+                "status": {"phase": phase},
+            }))
+            .unwrap(),
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    for plugin in ["nvidia", "builtin"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+            .env("KUBECONFIG", &kubeconfig)
+            .env_remove("POD_NAMESPACE")
+            .args(["advise", "--live", "--plugin", plugin, "--output", "json"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{plugin}: {stderr}");
+        assert!(!stderr.contains("warning"), "no node is left out: {stderr}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let nodes: Vec<&str> = report["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["node"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            nodes,
+            ["gpu-a", "gpu-b", "gpu-c", "gpu-d"],
+            "cpu-1 is no supply"
+        );
+        assert_eq!(report["totals"]["unschedulablePods"], 0);
+        assert_eq!(report["totals"]["podsEvicted"], 0);
+        check_proposals_serve_their_pods(&report, plugin_kind(plugin));
+    }
+    // What advise read: a cluster-wide pod list, the nodes, the profiles ConfigMap; no writes.
+    let requests = api.requests();
+    assert!(
+        requests.iter().all(|r| r.method == "GET"),
+        "advise only reads: {:?}",
+        requests
+            .iter()
+            .map(|r| (&r.method, &r.path))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// A node whose profile label names a key the ConfigMap lacks is left out with a warning
+/// naming node, label and key; advise does not propose a change from a state it cannot read.
+#[test]
+fn live_advise_leaves_out_a_node_whose_profile_cannot_be_read() {
+    use kube_double::KubeDouble;
+    let api = KubeDouble::start();
+    api.put_node(kube_double::fixtures::node(
+        "gpu-x",
+        &[
+            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+            ("nvidia.com/gpu.count", "1"),
+            ("gpu-share.dev/profile", "gone"),
+        ],
+    ));
+    api.put_node(kube_double::fixtures::node(
+        "gpu-y",
+        &[
+            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+            ("nvidia.com/gpu.count", "1"),
+        ],
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("POD_NAMESPACE")
+        .args(["advise", "--from-cluster", "--output", "json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: node gpu-x: gpu-share.dev/profile=gone, but the profiles ConfigMap has no key gone; left out of the supply"),
+        "{stderr}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let nodes: Vec<&str> = report["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(nodes, ["gpu-y"]);
+}

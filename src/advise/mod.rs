@@ -5,9 +5,10 @@
 //! [`demand`] owns the pods and what they need, [`supply`] the nodes as they are, [`solver`]
 //! the placement (`running` its starting point) (its module doc says how it minimises), [`proposal`] the per-node profiles and
 //! their diff, [`render`] the text and ConfigMap outputs. It sits above `plan`, which checks
-//! every proposal.
+//! every proposal. [`live`] reads the same demand and supply from the API server.
 
 pub mod demand;
+pub mod live;
 pub mod proposal;
 pub mod render;
 mod running;

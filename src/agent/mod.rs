@@ -439,7 +439,7 @@ fn start_dra_plugin(
 /// `config` with every read and write bounded by `limit`, counted from when the request is
 /// sent (not from when its pooled connection went idle). A read timeout bounds a silent server,
 /// which is how a hung request looks; kube's own retries of 429/503/504 answers stay on.
-fn short_request_config(mut config: kube::Config, limit: Duration) -> kube::Config {
+pub(crate) fn short_request_config(mut config: kube::Config, limit: Duration) -> kube::Config {
     config.read_timeout = Some(limit);
     config.reset_reader_on_write = true;
     config.write_timeout = Some(config.write_timeout.map_or(limit, |t| t.min(limit)));
@@ -650,7 +650,7 @@ fn set_readiness(health: &Health, doctor: &Result<(), String>, refused: Option<S
     }
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("SIGTERM handler");
     tokio::select! {

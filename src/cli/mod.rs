@@ -47,9 +47,12 @@ enum Command {
     Validate(ValidateArgs),
     /// Show what a profile would change on a node (simulated or observed) and what it advertises.
     Plan(PlanArgs),
-    /// Propose a profile per node that serves the pods' GPU demand (offline: demand and supply
-    /// files), with what it would change; docs/advise.md.
+    /// Propose a profile per node that serves the pods' GPU demand (demand and supply files, or
+    /// --live from the cluster), with what it would change; docs/advise.md.
     Advise(AdviseArgs),
+    /// Run advise on the live cluster on every change and apply it through profile keys and
+    /// node labels, within the drain budget and PDBs (a Deployment); docs/autopilot.md.
+    Autopilot(Box<crate::autopilot::AutopilotArgs>),
     /// Print the profile format's JSON Schema (`--of demand|supply`: advise's input files).
     Schema(SchemaArgs),
     /// List the MIG-capable GPU models and their profiles.
@@ -299,11 +302,21 @@ struct PlanArgs {
 #[derive(Args, Debug)]
 struct AdviseArgs {
     /// The pods and their GPU requests (YAML or JSON; `gpu-share schema --of demand`).
-    #[arg(long)]
-    demand: PathBuf,
+    #[arg(long, required_unless_present = "live")]
+    demand: Option<PathBuf>,
     /// The GPU nodes and how they are shared now (YAML or JSON; `gpu-share schema --of supply`).
-    #[arg(long)]
-    supply: PathBuf,
+    #[arg(long, required_unless_present = "live")]
+    supply: Option<PathBuf>,
+    /// Read demand and supply from the cluster (KUBECONFIG or in-cluster): Pods, Nodes with
+    /// GPU Feature Discovery labels, and the profiles ConfigMap.
+    #[arg(long, alias = "from-cluster", conflicts_with_all = ["demand", "supply"])]
+    live: bool,
+    /// With --live: the namespace of the profiles ConfigMap.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-share")]
+    namespace: String,
+    /// With --live: the ConfigMap whose keys are profiles.
+    #[arg(long, default_value = "gpu-share-profiles")]
+    configmap: String,
     /// The device plugin the nodes run: `nvidia` shares all whole GPUs of a node one way.
     #[arg(long, value_enum, default_value_t = PluginKind::Nvidia)]
     plugin: PluginKind,
@@ -378,6 +391,10 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Apply(args) => run_apply(&args),
         Command::Agent(args) => {
             crate::agent::runtime()?.block_on(crate::agent::run(*args))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Autopilot(args) => {
+            crate::agent::runtime()?.block_on(crate::autopilot::run(*args))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Status(args) => {
@@ -558,10 +575,15 @@ fn run_advise(args: &AdviseArgs) -> Result<ExitCode> {
     let read = |path: &Path| {
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
     };
-    let demand: advise::Demand = advise::parse("demand", &read(&args.demand)?)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", args.demand.display()))?;
-    let supply: advise::Supply = advise::parse("supply", &read(&args.supply)?)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", args.supply.display()))?;
+    let (demand, supply) = match (&args.demand, &args.supply) {
+        (Some(demand), Some(supply)) if !args.live => (
+            advise::parse("demand", &read(demand)?)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", demand.display()))?,
+            advise::parse("supply", &read(supply)?)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", supply.display()))?,
+        ),
+        _ => read_live(args)?,
+    };
     let advice = match advise::advise(&demand, &supply, args.plugin) {
         Ok(a) => a,
         Err(errors) => {
@@ -583,6 +605,23 @@ fn run_advise(args: &AdviseArgs) -> Result<ExitCode> {
     };
     emit(output, &advice, advise::render::text)?;
     Ok(advise_exit(&advice))
+}
+
+/// `advise --live`: demand and supply from the API server; nodes left out are warned about.
+fn read_live(args: &AdviseArgs) -> Result<(advise::Demand, advise::Supply)> {
+    let cluster = crate::agent::runtime()?.block_on(async {
+        let client = kube::Client::try_default()
+            .await
+            .context("cannot find the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+        advise::live::read_cluster(&client, &args.namespace, &args.configmap, None)
+            .await
+            .context("cannot read the cluster")
+    })?;
+    let input = advise::live::from_cluster(&cluster, args.plugin);
+    for skipped in &input.skipped {
+        eprintln!("warning: {skipped}; left out of the supply");
+    }
+    Ok((input.demand, input.supply))
 }
 
 fn advise_exit(advice: &advise::Advice) -> ExitCode {

@@ -1,0 +1,443 @@
+//! Live advise: the demand and supply read from the API server instead of files.
+//!
+//! Demand is every Pod that requests a GPU resource ([`from_pod`]): pending ones anywhere,
+//! running ones on the nodes in the supply (a pod running elsewhere holds a device advise may
+//! not change). A pending pod already bound to a node (`spec.nodeName` set: the kubelet has or
+//! will have given it a device there) counts as running on that node.
+//!
+//! Supply is every node with the GPU Feature Discovery labels `nvidia.com/gpu.product` and
+//! `nvidia.com/gpu.count` (GFD's labels, /work/shared/reference/nvidia-stack.md §1.8), read as
+//! `plan --gpu` specs: a product the MIG catalog knows becomes that model, any other stays a
+//! GPU without MIG under its product name. Its current profile is the ConfigMap key its
+//! `gpu-share.dev/profile` label names. A node whose labels or profile cannot be read is left
+//! out, with the reason (advise must not propose a change from a state it cannot see).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube::api::ListParams;
+use kube::Api;
+
+use super::demand::{from_pod, Demand, Phase, PodDemand};
+use super::render::PROFILE_LABEL;
+use super::supply::{Supply, SupplyNode};
+use crate::agent::node::CORDON_ANNOTATION;
+use crate::mig::catalog;
+use crate::profile::{parse_profile, Profile};
+use crate::sharing::PluginKind;
+
+/// GFD: the GPU product, sanitised (spaces become `-`), e.g. `NVIDIA-H100-80GB-HBM3`.
+pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+/// GFD: how many GPUs the node has.
+pub const COUNT_LABEL: &str = "nvidia.com/gpu.count";
+
+/// What advise reads from the cluster, as the API server returned it.
+#[derive(Debug, Clone, Default)]
+pub struct Cluster {
+    pub pods: Vec<Pod>,
+    pub nodes: Vec<Node>,
+    /// The profiles ConfigMap's keys (empty when it does not exist).
+    pub profiles: BTreeMap<String, String>,
+}
+
+/// Demand and supply for [`super::advise`], and the nodes left out with why.
+#[derive(Debug, Clone, Default)]
+pub struct LiveInput {
+    pub demand: Demand,
+    pub supply: Supply,
+    /// `node <name>: <why>` for every node with GPU labels that is not in the supply.
+    pub skipped: Vec<String>,
+}
+
+/// List Pods (all namespaces), Nodes (those `node_selector` selects, all when none) and the
+/// profiles ConfigMap `namespace/configmap`.
+pub async fn read_cluster(
+    client: &kube::Client,
+    namespace: &str,
+    configmap: &str,
+    node_selector: Option<&str>,
+) -> kube::Result<Cluster> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let mut node_params = ListParams::default();
+    if let Some(selector) = node_selector {
+        node_params = node_params.labels(selector);
+    }
+    let pods = pods.list(&ListParams::default()).await?.items;
+    let nodes = nodes.list(&node_params).await?.items;
+    let profiles = configmaps
+        .get_opt(configmap)
+        .await?
+        .and_then(|cm| cm.data)
+        .unwrap_or_default();
+    Ok(Cluster {
+        pods,
+        nodes,
+        profiles,
+    })
+}
+
+fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
+    node.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// The demand and supply the cluster holds (see the module doc for what is read and how), for
+/// nodes that run `plugin`.
+pub fn from_cluster(cluster: &Cluster, plugin: PluginKind) -> LiveInput {
+    let mut input = LiveInput::default();
+    for node in &cluster.nodes {
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        // `now` names the node in its errors; supply_node's reasons get the name here.
+        let checked = match supply_node(node, &cluster.profiles) {
+            Ok(Some(n)) => n.now(plugin).map(|_| Some(n)),
+            Ok(None) => Ok(None),
+            Err(why) => Err(format!("node {name}: {why}")),
+        };
+        match checked {
+            Ok(Some(n)) => input.supply.nodes.push(n),
+            Ok(None) => {}
+            Err(why) => input.skipped.push(why),
+        }
+    }
+    input.supply.nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    let in_supply = |node: &str| input.supply.nodes.iter().any(|n| n.name == node);
+    let mut pods: Vec<PodDemand> = cluster
+        .pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(from_pod)
+        .map(bound_pending_as_running)
+        .filter(|p| match (&p.phase, &p.node) {
+            (Phase::Running, Some(node)) => in_supply(node),
+            _ => true,
+        })
+        .collect();
+    pods.sort_by_key(PodDemand::id);
+    input.demand.pods = pods;
+    input
+}
+
+/// A pending pod with `spec.nodeName` is bound: its device is on that node.
+fn bound_pending_as_running(mut pod: PodDemand) -> PodDemand {
+    if pod.phase == Phase::Pending && pod.node.is_some() {
+        pod.phase = Phase::Running;
+    }
+    pod
+}
+
+/// The node as supply; none for a node without GFD's GPU labels (not a GPU node), an error
+/// when its labels or its profile cannot be read.
+fn supply_node(
+    node: &Node,
+    profiles: &BTreeMap<String, String>,
+) -> Result<Option<SupplyNode>, String> {
+    let Some(product) = label(node, PRODUCT_LABEL) else {
+        return Ok(None);
+    };
+    if let Some(why) = unusable(node) {
+        return Err(why);
+    }
+    let devices = match label(node, COUNT_LABEL).map(str::parse::<u32>) {
+        Some(Ok(n)) => n,
+        _ => {
+            return Err(format!(
+                "{PRODUCT_LABEL}={product} but no numeric {COUNT_LABEL} label"
+            ))
+        }
+    };
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let (profile_name, profile) = match label(node, PROFILE_LABEL) {
+        None => (None, None),
+        Some(key) => {
+            let text = profiles.get(key).ok_or_else(|| {
+                format!("{PROFILE_LABEL}={key}, but the profiles ConfigMap has no key {key}")
+            })?;
+            let profile = parse_profile(key, text)
+                .map_err(|p| format!("{PROFILE_LABEL}={key} cannot be read: {p}"))?;
+            (Some(key.to_string()), Some(profile))
+        }
+    };
+    let count = gpu_count(product, devices, profile.as_ref())?;
+    if count == 0 {
+        return Ok(None);
+    }
+    Ok(Some(SupplyNode {
+        name,
+        gpus: vec![gpu_spec(product, count)],
+        current: None,
+        profile_name,
+        profile,
+    }))
+}
+
+/// Why pods cannot be placed on the node now: not Ready, or cordoned by someone other than
+/// gpu-share (the agent cordons with its annotation while it changes a node; that node stays
+/// supply). Advice for such a node would wait on a node nobody schedules to.
+fn unusable(node: &Node) -> Option<String> {
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.as_str());
+    if ready != Some("True") {
+        return Some(format!(
+            "not Ready (condition Ready is {})",
+            ready.unwrap_or("missing")
+        ));
+    }
+    let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    let by_us = node
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(CORDON_ANNOTATION));
+    (cordoned && !by_us).then(|| "cordoned, not by gpu-share".to_string())
+}
+
+/// How many GPUs the node has. GFD's `gpu.count` counts what the device plugin advertises as
+/// `nvidia.com/gpu`: whole GPUs, except under the `single` MIG strategy (product label
+/// `…-MIG-<profile>`), where it counts the MIG devices (nvidia-stack.md §1.8). Then the GPUs
+/// are the devices over the instances per GPU of the node's current profile (single strategy:
+/// one rule, one MIG profile on every GPU). `-MIG-INVALID` is GFD saying the layout is broken.
+fn gpu_count(product: &str, devices: u32, profile: Option<&Profile>) -> Result<u32, String> {
+    let product = product.strip_suffix("-SHARED").unwrap_or(product);
+    let Some((_, mig_profile)) = product.split_once("-MIG-") else {
+        return Ok(devices);
+    };
+    if mig_profile == "INVALID" {
+        return Err(format!(
+            "{PRODUCT_LABEL}={product}: GPU Feature Discovery reports an invalid MIG layout"
+        ));
+    }
+    let per_gpu = profile
+        .into_iter()
+        .flat_map(|p| &p.rules)
+        .filter_map(|r| r.mig.as_ref()?.get(mig_profile))
+        .find(|n| **n > 0)
+        .and_then(|n| u32::try_from(*n).ok());
+    match per_gpu {
+        Some(n) if devices.is_multiple_of(n) => Ok(devices / n),
+        _ => Err(format!(
+            "{PRODUCT_LABEL}={product}: under the single MIG strategy {COUNT_LABEL}={devices} counts \
+             {mig_profile} devices, and the node's profile does not say how many each GPU holds"
+        )),
+    }
+}
+
+/// GFD's sanitised product label as a `plan --gpu` spec: `<catalog key>x<count>` when the
+/// catalog knows the product, else the product name with its spaces back, `x<count>`.
+///
+/// GFD appends `-SHARED` when the GPU is shared with replicas, and under the `single` MIG
+/// strategy the product carries `-MIG-<profile>` (or `-MIG-INVALID`): neither is part of the
+/// GPU's model (nvidia-stack.md §1.8).
+pub fn gpu_spec(product_label: &str, count: u32) -> String {
+    let product = product_label
+        .strip_suffix("-SHARED")
+        .unwrap_or(product_label);
+    let product = product.split("-MIG-").next().unwrap_or(product);
+    let model = catalog().models.iter().find(|m| {
+        m.product_names()
+            .any(|n| same_product(&n.replace(' ', "-"), product))
+    });
+    match model {
+        Some(m) => format!("{}x{count}", m.key),
+        None => format!("{}x{count}", product.replace('-', " ")),
+    }
+}
+
+/// Sanitised product names compare without case and without the `NVIDIA-` prefix that R470+
+/// drivers add (as the catalog compares NVML names).
+fn same_product(a: &str, b: &str) -> bool {
+    fn strip(n: &str) -> &str {
+        match n.get(..7) {
+            Some(p) if p.eq_ignore_ascii_case("nvidia-") => &n[7..],
+            _ => n,
+        }
+    }
+    strip(a).eq_ignore_ascii_case(strip(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Ready node with these labels.
+    fn node(name: &str, labels: &[(&str, &str)]) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": labels.iter().cloned().collect::<BTreeMap<_, _>>()},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn nodes_pods_cannot_be_placed_on_are_left_out() {
+        let gpu = [(PRODUCT_LABEL, "NVIDIA-H100-80GB-HBM3"), (COUNT_LABEL, "1")];
+        let mut not_ready = node("a", &gpu);
+        not_ready
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()[0]
+            .status = "Unknown".into();
+        let mut cordoned = node("b", &gpu);
+        cordoned.spec = Some(Default::default());
+        cordoned.spec.as_mut().unwrap().unschedulable = Some(true);
+        let mut ours = cordoned.clone();
+        ours.metadata.name = Some("c".into());
+        ours.metadata.annotations =
+            Some([(CORDON_ANNOTATION.to_string(), "reconfiguring".to_string())].into());
+        let cluster = Cluster {
+            nodes: vec![not_ready, cordoned, ours],
+            ..Default::default()
+        };
+        let input = from_cluster(&cluster, PluginKind::Nvidia);
+        let names: Vec<&str> = input.supply.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["c"],
+            "a node gpu-share cordoned mid-change stays supply"
+        );
+        assert_eq!(
+            input.skipped,
+            [
+                "node a: not Ready (condition Ready is Unknown)",
+                "node b: cordoned, not by gpu-share"
+            ]
+        );
+    }
+
+    fn pod(name: &str, phase: &str, node: Option<&str>, resource: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"nodeName": node, "containers": [
+                {"name": "a", "resources": {"limits": {resource: "1"}}}]},
+            "status": {"phase": phase}
+        }))
+        .unwrap()
+    }
+
+    /// GFD product labels (nvidia-stack.md §1.8) map to catalog models, suffixes dropped.
+    #[test]
+    fn gfd_products_become_catalog_models() {
+        assert_eq!(gpu_spec("NVIDIA-H100-80GB-HBM3", 8), "h100-80gb-sxmx8");
+        assert_eq!(
+            gpu_spec("NVIDIA-H100-80GB-HBM3-SHARED", 2),
+            "h100-80gb-sxmx2"
+        );
+        assert_eq!(
+            gpu_spec("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", 4),
+            "a100-sxm4-40gbx4"
+        );
+        assert_eq!(gpu_spec("A100-SXM4-40GB", 1), "a100-sxm4-40gbx1");
+        assert_eq!(gpu_spec("Tesla-T4", 1), "Tesla T4x1");
+        // Each spec reads back through `plan --gpu`'s parser as that many GPUs of that model.
+        let read = |product: &str, count: u32| {
+            let node =
+                crate::gpu::ObservedNode::from_gpu_specs(&[gpu_spec(product, count)]).unwrap();
+            (
+                node.gpus.len(),
+                node.gpus[0].product.clone(),
+                node.gpus[0].mig.is_some(),
+            )
+        };
+        assert_eq!(read("Tesla-T4", 2), (2, "Tesla T4".to_string(), false));
+        assert_eq!(
+            read("NVIDIA-H100-80GB-HBM3", 8),
+            (8, "NVIDIA H100 80GB HBM3".to_string(), true)
+        );
+    }
+
+    /// Under the single MIG strategy GFD's `gpu.count` counts MIG devices: 14 1g.10gb devices
+    /// on a node whose profile puts 7 on every GPU are 2 GPUs.
+    #[test]
+    fn the_single_strategy_count_is_read_through_the_profile() {
+        let seven = parse_profile(
+            "p",
+            "version: v1\nrules:\n- devices: all\n  mig: {1g.10gb: 7}\n",
+        )
+        .unwrap();
+        let product = "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb";
+        assert_eq!(gpu_count(product, 14, Some(&seven)), Ok(2));
+        assert_eq!(gpu_count("NVIDIA-H100-80GB-HBM3", 4, Some(&seven)), Ok(4));
+        assert_eq!(gpu_count("NVIDIA-H100-80GB-HBM3-SHARED", 2, None), Ok(2));
+        let e = gpu_count(product, 14, None).unwrap_err();
+        assert!(e.contains("counts 1g.10gb devices"), "{e}");
+        assert!(
+            gpu_count(product, 13, Some(&seven)).is_err(),
+            "not whole GPUs"
+        );
+        let e = gpu_count("NVIDIA-H100-80GB-HBM3-MIG-INVALID", 0, None).unwrap_err();
+        assert!(e.contains("invalid MIG layout"), "{e}");
+    }
+
+    #[test]
+    fn nodes_pods_and_profiles_become_supply_and_demand() {
+        let profiles = BTreeMap::from([(
+            "small".to_string(),
+            "version: v1\nrules:\n- devices: all\n  mig: {1g.10gb: 7}\n".to_string(),
+        )]);
+        let cluster = Cluster {
+            nodes: vec![
+                node(
+                    "gpu-a",
+                    &[
+                        (PRODUCT_LABEL, "NVIDIA-H100-80GB-HBM3"),
+                        (COUNT_LABEL, "2"),
+                        (PROFILE_LABEL, "small"),
+                    ],
+                ),
+                node("cpu-1", &[]),
+                node(
+                    "gpu-b",
+                    &[
+                        (PRODUCT_LABEL, "NVIDIA-H100-80GB-HBM3"),
+                        (COUNT_LABEL, "1"),
+                        (PROFILE_LABEL, "missing"),
+                    ],
+                ),
+            ],
+            pods: vec![
+                pod("wait", "Pending", None, "nvidia.com/mig-3g.40gb"),
+                pod("bound", "Pending", Some("gpu-a"), "nvidia.com/mig-1g.10gb"),
+                pod("elsewhere", "Running", Some("gpu-b"), "nvidia.com/gpu"),
+                pod("done", "Succeeded", Some("gpu-a"), "nvidia.com/gpu"),
+                pod("cpu", "Pending", None, "cpu"),
+            ],
+            profiles,
+        };
+        let input = from_cluster(&cluster, PluginKind::Nvidia);
+        assert_eq!(input.supply.nodes.len(), 1);
+        let a = &input.supply.nodes[0];
+        assert_eq!(
+            (a.name.as_str(), a.gpus.as_slice()),
+            ("gpu-a", &["h100-80gb-sxmx2".to_string()][..])
+        );
+        assert_eq!(a.profile_name.as_deref(), Some("small"));
+        assert!(a.profile.is_some());
+        assert_eq!(input.skipped.len(), 1);
+        assert!(
+            input.skipped[0].starts_with("node gpu-b:")
+                && input.skipped[0].contains("no key missing"),
+            "{:?}",
+            input.skipped
+        );
+        let ids: Vec<(String, Phase)> = input
+            .demand
+            .pods
+            .iter()
+            .map(|p| (p.name.clone(), p.phase))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                ("bound".to_string(), Phase::Running),
+                ("wait".to_string(), Phase::Pending)
+            ]
+        );
+    }
+}

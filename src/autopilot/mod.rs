@@ -1,0 +1,225 @@
+//! `gpu-share autopilot`: runs `advise` on the live cluster when pods or nodes change
+//! (debounced) and applies the result only through the agents' path: profiles under its own
+//! ConfigMap keys (`advised-<node>`) and the nodes' `gpu-share.dev/profile` label. The agents
+//! then drain only the affected pods, honour PDBs and the fleet drain budget.
+//!
+//! One active replica ([`leader`]: a Lease). Each round ([`round`]) decides per node from what
+//! the API says now ([`rollout`], pure: budget, PDBs, what runs already), so it keeps no state
+//! of its own and a restarted autopilot resumes a rollout. [`publish`] writes the status
+//! ConfigMap and the Events. The contract (flags, names, RBAC): docs/autopilot.md.
+
+pub mod leader;
+pub mod publish;
+pub mod rollout;
+pub mod round;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher::{self, watcher};
+use kube::Api;
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use crate::sharing::PluginKind;
+use leader::Leader;
+use round::{Round, Settings, OPT_IN_SELECTOR};
+
+/// The autopilot's flags, each with its environment variable for the Deployment.
+#[derive(clap::Args, Debug, Clone)]
+pub struct AutopilotArgs {
+    /// Where the profiles ConfigMap, the status ConfigMap and the Lease live.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-share")]
+    pub namespace: String,
+    /// The agents' profiles ConfigMap; the autopilot writes only its `advised-<node>` keys.
+    #[arg(long, default_value = "gpu-share-profiles")]
+    pub configmap: String,
+    /// What it did or would do, under the key `status.yaml`.
+    #[arg(long, default_value = "gpu-share-autopilot-status")]
+    pub status_configmap: String,
+    /// The leader-election Lease: one active replica.
+    #[arg(long, default_value = "gpu-share-autopilot")]
+    pub lease: String,
+    /// This replica's identity in the Lease (default: the host name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// How long a Lease outlives its last renewal (renewed every third of it).
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+    /// Publish Events and the status ConfigMap only; never write profiles or node labels.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The device plugin the nodes run.
+    #[arg(long, env = "GPU_SHARE_PLUGIN", value_enum, default_value_t = PluginKind::Nvidia)]
+    pub plugin: PluginKind,
+    /// Advise runs this long after the last pod/node change (at most 6× this after the first,
+    /// so steady churn cannot postpone it for ever).
+    #[arg(long, default_value_t = 10.0)]
+    pub debounce_seconds: f64,
+    /// The fleet drain budget: never more nodes relabelled and not yet settled than this.
+    #[arg(long, env = "GPU_SHARE_MAX_DRAINS", default_value_t = 1)]
+    pub max_changing_nodes: u32,
+}
+
+/// A round also runs this long after the last one without any change seen (a missed watch
+/// event, a drain slot Lease freed: Leases are not watched).
+const RESYNC: Duration = Duration::from_secs(60);
+
+/// Run until SIGTERM/SIGINT (then give the Lease back) or until leadership is lost (an error:
+/// the Deployment restarts the process, which then waits for the Lease).
+pub async fn run(args: AutopilotArgs) -> anyhow::Result<()> {
+    // advise sizes device-plugin resources; DRA nodes publish devices, not resources.
+    if args.plugin == PluginKind::Dra {
+        anyhow::bail!(
+            "--plugin dra: the autopilot plans for nodes running the nvidia or builtin device \
+             plugin only (docs/autopilot.md)"
+        );
+    }
+    if !(0.0..=3600.0).contains(&args.debounce_seconds) {
+        anyhow::bail!(
+            "--debounce-seconds {}: must be between 0 and 3600",
+            args.debounce_seconds
+        );
+    }
+    let config = kube::Config::infer()
+        .await
+        .context("cannot find the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let watch_client = kube::Client::try_from(config.clone())?;
+    let client = kube::Client::try_from(crate::agent::short_request_config(
+        config,
+        Duration::from_secs(30),
+    ))?;
+    let identity = args.identity.clone().unwrap_or_else(host_name);
+    let leader = Leader::new(
+        client.clone(),
+        &args.namespace,
+        &args.lease,
+        &identity,
+        Duration::from_secs(args.lease_duration_seconds),
+    );
+    let mut leadership = tokio::select! {
+        l = leader.acquire() => l,
+        _ = crate::agent::shutdown_signal() => return Ok(()),
+    };
+    let changes = Arc::new(Notify::new());
+    spawn_watchers(&watch_client, &changes);
+    let round = Round {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "gpu-share-autopilot".into(),
+                instance: Some(identity.clone()),
+            },
+        ),
+        client,
+        settings: Settings {
+            namespace: args.namespace.clone(),
+            configmap: args.configmap.clone(),
+            status_configmap: args.status_configmap.clone(),
+            identity,
+            plugin: args.plugin,
+            max_changing: args.max_changing_nodes.max(1),
+            dry_run: args.dry_run,
+        },
+    };
+    if args.max_changing_nodes == 0 {
+        warn!("--max-changing-nodes 0 would never change a node; using 1");
+    }
+    let debounce = Duration::from_secs_f64(args.debounce_seconds);
+    info!(
+        dry_run = args.dry_run,
+        max_changing_nodes = args.max_changing_nodes,
+        "autopilot running"
+    );
+    loop {
+        tokio::select! {
+            _ = wait_quiet(&changes, debounce) => {}
+            why = leadership.lost() => anyhow::bail!("no longer the leader: {why}"),
+            _ = crate::agent::shutdown_signal() => {
+                leadership.release().await;
+                return Ok(());
+            }
+        }
+        if let Err(e) = round.run().await {
+            warn!(
+                error = format!("{e:#}"),
+                "autopilot round failed; retrying on the next change"
+            );
+        }
+    }
+}
+
+/// Wait for a change (or [`RESYNC`]), then until none came for `debounce` (at most 6×
+/// `debounce` in all).
+async fn wait_quiet(changes: &Notify, debounce: Duration) {
+    tokio::select! {
+        _ = changes.notified() => {}
+        _ = tokio::time::sleep(RESYNC) => return,
+    }
+    let deadline = tokio::time::Instant::now() + debounce * 6;
+    loop {
+        let quiet = tokio::time::sleep(debounce);
+        tokio::select! {
+            _ = changes.notified() => {
+                if tokio::time::Instant::now() >= deadline {
+                    return;
+                }
+            }
+            _ = quiet => return,
+        }
+    }
+}
+
+/// Watch pods (all), opt-in nodes and PDBs; every event is a change.
+fn spawn_watchers(client: &kube::Client, changes: &Arc<Notify>) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pdbs: Api<PodDisruptionBudget> = Api::all(client.clone());
+    let config = watcher::Config::default();
+    tokio::spawn(notify_on(
+        watcher(pods, config.clone()),
+        changes.clone(),
+        "pods",
+    ));
+    tokio::spawn(notify_on(
+        watcher(nodes, config.clone().labels(OPT_IN_SELECTOR)),
+        changes.clone(),
+        "nodes",
+    ));
+    tokio::spawn(notify_on(
+        watcher(pdbs, config),
+        changes.clone(),
+        "poddisruptionbudgets",
+    ));
+}
+
+async fn notify_on<K>(
+    stream: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send,
+    changes: Arc<Notify>,
+    what: &'static str,
+) {
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(_) => changes.notify_one(),
+            Err(e) => {
+                warn!(error = %e, what, "watch failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// The host name (a pod's name by default), for the Lease identity.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "gpu-share-autopilot".into())
+}
