@@ -1,8 +1,7 @@
 //! `gpu-share autopilot` run as deploy/components/autopilot deploys it, against the API double,
 //! as the agent's RBAC test runs the agent: every request it makes is granted to its
 //! ServiceAccount, every grant is used, and every write it makes passes the component's
-//! admission policies. The run needs the command, built on another branch (h3-autopilot): it is
-//! `#[ignore]`d until that is merged.
+//! admission policies.
 
 use super::autopilot::*;
 use super::*;
@@ -56,7 +55,6 @@ impl Drop for Running {
 /// ServiceAccount, every grant was used, and every write it made to Nodes, ConfigMaps and
 /// Leases passes the component's admission policies.
 #[test]
-#[ignore = "needs the `gpu-share autopilot` command (branch h3-autopilot); un-ignore at merge"]
 fn the_autopilot_as_deployed_uses_exactly_its_grants_and_passes_its_policies() {
     let objects = render_with_autopilot("standalone").objects;
     let (_, pod) = deployment(&objects);
