@@ -486,6 +486,25 @@ fn a_label_seen_before_its_configmap_key_applies_it_and_a_missing_key_fails() {
         .filter(|r| r.resource == "configmaps" && r.verb == Verb::Watch && r.injected)
         .count();
     assert!(lagged >= 1, "the ConfigMap watch was held back");
+    // The confirming read is a list by name: the agent's Role grants list and watch of the
+    // profiles ConfigMap, not get (deploy/base/rbac.yaml).
+    let configmap_reads: Vec<(Verb, String)> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.resource == "configmaps" && r.verb != Verb::Watch)
+        .map(|r| (r.verb, r.query))
+        .collect();
+    assert!(
+        configmap_reads
+            .iter()
+            .any(|(v, q)| *v == Verb::List
+                && q.contains(&format!("fieldSelector=metadata.name%3D{CM}"))),
+        "{configmap_reads:?}"
+    );
+    assert!(
+        !configmap_reads.iter().any(|(v, _)| *v == Verb::Get),
+        "{configmap_reads:?}"
+    );
     assert!(
         node.log().contains("its watch had not caught up"),
         "the label came before the key's watch event\n{}",

@@ -23,6 +23,7 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use kube::api::ListParams;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher::{self, watcher};
 use kube::{Api, Resource};
@@ -580,26 +581,35 @@ fn desired(node: &Node, cm: Option<&ConfigMap>) -> Desired {
 /// The ConfigMap watch can lag the Node watch: a label set right after its key was added (the
 /// usual way to roll out a new profile) may arrive first. Calling the key missing then would
 /// flash state `failed` (MissingProfile) for a profile that exists, so the ConfigMap is read
-/// afresh first (a GET is served from the API's current state, not a watch cache). A key the
-/// read lacks too stays missing: a mistyped label should fail at once, not wait as `pending`.
+/// afresh first: a list without a resourceVersion is served from the API's current state, not
+/// a watch cache, and a list by `metadata.name` is what the agent's Role grants (list and
+/// watch of that one ConfigMap; no get). A key the read lacks too stays missing: a mistyped
+/// label should fail at once, not wait as `pending`.
 async fn confirm_missing_key(want: Desired, cms: &Api<ConfigMap>, name: &str) -> Desired {
     let Desired::MissingKey { key } = &want else {
         return want;
     };
-    match cms.get_opt(name).await {
-        Ok(cm) => match cm.and_then(|c| c.data).and_then(|mut d| d.remove(key)) {
-            Some(text) => {
-                info!(
-                    key,
-                    "the profile key is in the ConfigMap; its watch had not caught up"
-                );
-                Desired::Profile {
-                    key: key.clone(),
-                    text,
+    let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
+    match cms.list(&by_name).await {
+        Ok(list) => {
+            let text = list
+                .items
+                .into_iter()
+                .find_map(|cm| cm.data.and_then(|mut d| d.remove(key)));
+            match text {
+                Some(text) => {
+                    info!(
+                        key,
+                        "the profile key is in the ConfigMap; its watch had not caught up"
+                    );
+                    Desired::Profile {
+                        key: key.clone(),
+                        text,
+                    }
                 }
+                None => want,
             }
-            None => want,
-        },
+        }
         Err(e) => {
             warn!(error = %e, "could not read the ConfigMap to confirm a missing key");
             want
