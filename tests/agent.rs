@@ -461,6 +461,80 @@ fn a_configmap_key_over_1_mib_fails_unparsed_and_changes_nothing() {
     assert!(!unschedulable(&api, "gpu-9"));
 }
 
+/// A new ConfigMap key and the label naming it, set one after the other (how a profile is
+/// rolled out), when the agent's ConfigMap watch lags its Node watch: the agent must not call
+/// the key missing (state `failed`, MissingProfile) for a profile the API has. The lag is made
+/// certain: every watch is dropped and the ConfigMap watch's next 3 attempts are refused, so
+/// the label arrives ~3 s before the key does. A key the API lacks too still fails at once,
+/// naming the key.
+#[test]
+fn a_label_seen_before_its_configmap_key_applies_it_and_a_missing_key_fails() {
+    let api = Arc::new(KubeDouble::start());
+    configmap(&api);
+    let node = balanced_node(&api, "gpu-10", &[]);
+    let events_before = api.events().len();
+
+    api.fail_next(Verb::Watch, "configmaps", 3, Fault::Status(500));
+    api.drop_watches();
+    let fresh = profile_text("h100-inference");
+    api.update_configmap_key(NS, CM, "fresh", Some(&fresh));
+    api.set_node_label("gpu-10", PROFILE_LABEL, Some("fresh"));
+    wait_applied_text(&api, &node, &fresh, Duration::from_secs(30), "fresh");
+    let lagged = api
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "configmaps" && r.verb == Verb::Watch && r.injected)
+        .count();
+    assert!(lagged >= 1, "the ConfigMap watch was held back");
+    // The confirming read is a list by name: the agent's Role grants list and watch of the
+    // profiles ConfigMap, not get (deploy/base/rbac.yaml).
+    let configmap_reads: Vec<(Verb, String)> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.resource == "configmaps" && r.verb != Verb::Watch)
+        .map(|r| (r.verb, r.query))
+        .collect();
+    assert!(
+        configmap_reads
+            .iter()
+            .any(|(v, q)| *v == Verb::List
+                && q.contains(&format!("fieldSelector=metadata.name%3D{CM}"))),
+        "{configmap_reads:?}"
+    );
+    assert!(
+        !configmap_reads.iter().any(|(v, _)| *v == Verb::Get),
+        "{configmap_reads:?}"
+    );
+    assert!(
+        node.log().contains("its watch had not caught up"),
+        "the label came before the key's watch event\n{}",
+        node.log()
+    );
+    let reasons: Vec<String> = api.events()[events_before..]
+        .iter()
+        .filter_map(|e| e.reason.clone())
+        .collect();
+    assert!(
+        !reasons.iter().any(|r| r == "MissingProfile"),
+        "no MissingProfile for a key the API has: {reasons:?}\n{}",
+        node.log()
+    );
+
+    let mutations = node.mutations().len();
+    api.set_node_label("gpu-10", PROFILE_LABEL, Some("no-such-key"));
+    wait_state(&api, &node, "failed", Duration::from_secs(20));
+    let reason = annotation(&api, "gpu-10", REASON).unwrap();
+    assert!(
+        reason.contains("gpu-share.dev/profile=no-such-key names no key of ConfigMap"),
+        "{reason}"
+    );
+    assert_eq!(
+        node.mutations().len(),
+        mutations,
+        "nothing changed on the GPUs"
+    );
+}
+
 /// A profile that time-slices every GPU `replicas` ways: two of them differ by no MIG step.
 fn time_sliced(replicas: u32) -> String {
     format!(

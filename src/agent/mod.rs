@@ -23,6 +23,7 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use kube::api::ListParams;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher::{self, watcher};
 use kube::{Api, Resource};
@@ -577,6 +578,45 @@ fn desired(node: &Node, cm: Option<&ConfigMap>) -> Desired {
     }
 }
 
+/// The ConfigMap watch can lag the Node watch: a label set right after its key was added (the
+/// usual way to roll out a new profile) may arrive first. Calling the key missing then would
+/// flash state `failed` (MissingProfile) for a profile that exists, so the ConfigMap is read
+/// afresh first: a list without a resourceVersion is served from the API's current state, not
+/// a watch cache, and a list by `metadata.name` is what the agent's Role grants (list and
+/// watch of that one ConfigMap; no get). A key the read lacks too stays missing: a mistyped
+/// label should fail at once, not wait as `pending`.
+async fn confirm_missing_key(want: Desired, cms: &Api<ConfigMap>, name: &str) -> Desired {
+    let Desired::MissingKey { key } = &want else {
+        return want;
+    };
+    let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
+    match cms.list(&by_name).await {
+        Ok(list) => {
+            let text = list
+                .items
+                .into_iter()
+                .find_map(|cm| cm.data.and_then(|mut d| d.remove(key)));
+            match text {
+                Some(text) => {
+                    info!(
+                        key,
+                        "the profile key is in the ConfigMap; its watch had not caught up"
+                    );
+                    Desired::Profile {
+                        key: key.clone(),
+                        text,
+                    }
+                }
+                None => want,
+            }
+        }
+        Err(e) => {
+            warn!(error = %e, "could not read the ConfigMap to confirm a missing key");
+            want
+        }
+    }
+}
+
 async fn reconcile_loop(
     args: &AgentArgs,
     reconciler: &Reconciler,
@@ -590,6 +630,7 @@ async fn reconcile_loop(
     let _ = node_rx.wait_for(Option::is_some).await;
     let _ = cm_rx.wait_for(Option::is_some).await;
     set_readiness(health, &doctor, None);
+    let cms: Api<ConfigMap> = Api::namespaced(reconciler.client.clone(), &args.namespace);
     let resync = Duration::from_secs(args.resync_secs);
     let mut last: Option<Desired> = None;
     let mut retry = Duration::from_secs(5);
@@ -604,12 +645,14 @@ async fn reconcile_loop(
         if changed || tokio::time::Instant::now() >= next_run {
             // Only a changed desire (or the retry/resync timer) reconciles. A change is acted
             // on at once, with the Node the watch just delivered; the timer reads afresh.
+            // `last` keeps the cached desire: the ConfigMap watch catching up reconciles once more.
+            let acted_on = confirm_missing_key(want.clone(), &cms, &args.configmap).await;
             let outcome = if changed {
-                info!(?want, "reconciling");
+                info!(want = ?acted_on, "reconciling");
                 let seen = node_rx.borrow().clone().expect("synced");
-                reconciler.reconcile_seen(&want, Some(&seen)).await
+                reconciler.reconcile_seen(&acted_on, Some(&seen)).await
             } else {
-                reconciler.reconcile(&want).await
+                reconciler.reconcile(&acted_on).await
             };
             next_run = match outcome {
                 Outcome::Failed { .. } => {
