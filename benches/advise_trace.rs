@@ -72,7 +72,12 @@ fn main() {
         for policy in Policy::ALL {
             let out = run::run(policy, &pods, n, spec.rounds());
             print_row(n, pods.len(), policy, &out, hours);
-            by_class.push((n, policy, out.by_class));
+            let rounds = f64::from(out.rounds.max(1));
+            let pending = (
+                out.reported_unschedulable as f64 / rounds,
+                out.left_pending as f64 / rounds,
+            );
+            by_class.push((n, policy, out.by_class, pending));
             if policy == Policy::Advise {
                 advise_times.push((n, out.decide_times));
             }
@@ -82,14 +87,25 @@ fn main() {
     println!("Demand served by tenant class (% of its pod-rounds):");
     println!();
     let classes: Vec<&str> = trace::Class::ALL.iter().map(|c| c.label()).collect();
-    println!("| nodes | policy | {} |", classes.join(" | "));
-    println!("|---|---|{}", "---|".repeat(classes.len()));
-    for (n, policy, counts) in by_class {
+    println!(
+        "| nodes | policy | {} | packer's unschedulable / round | left pending / round |",
+        classes.join(" | ")
+    );
+    println!("|---|---|{}---|---|", "---|".repeat(classes.len()));
+    for (n, policy, counts, (reported, pending)) in by_class {
         let cells: Vec<String> = counts
             .iter()
             .map(|&(asked, served)| format!("{:.1}%", 100.0 * served as f64 / asked.max(1) as f64))
             .collect();
-        println!("| {n} | {} | {} |", policy.label(), cells.join(" | "));
+        let reported = match policy {
+            Policy::Static => "–".to_string(),
+            _ => format!("{reported:.1}"),
+        };
+        println!(
+            "| {n} | {} | {} | {reported} | {pending:.1} |",
+            policy.label(),
+            cells.join(" | ")
+        );
     }
     println!();
     println!("advise per round (read the fleet, solve, plan every proposal; one call of `gpu_share::advise::advise`):");

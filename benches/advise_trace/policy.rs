@@ -42,34 +42,46 @@ impl Policy {
 /// A profile for a node: its label value and the profile.
 pub type Proposal = (String, Profile);
 
-/// Per node, the profile it should run this round (none: leave it as it is), and how long the
-/// policy took to decide.
-pub fn propose(
-    policy: Policy,
-    round: u32,
-    nodes: &[SimNode],
-    alive: &[PodDemand],
-) -> (Vec<Option<Proposal>>, Duration) {
-    let started = Instant::now();
-    let proposals = match policy {
-        Policy::Advise => advise_nodes(nodes, alive, false),
-        Policy::Greedy => advise_nodes(nodes, alive, true),
-        Policy::Static if round == 0 => nodes
-            .iter()
-            .enumerate()
-            .map(|(n, node)| Some(static_profile(n, node.model)))
-            .collect(),
-        Policy::Static => vec![None; nodes.len()],
-    };
-    (proposals, started.elapsed())
+/// A policy's decision for one round.
+pub struct Decision {
+    /// Per node, the profile it should run (none: leave it as it is).
+    pub proposals: Vec<Option<Proposal>>,
+    /// How long the policy took to decide.
+    pub took: Duration,
+    /// Pods advise itself reported unschedulable (0 for the static policy).
+    pub unschedulable: usize,
 }
 
-/// advise's profile for every node. `from_scratch`: every node fresh, every pod pending.
+/// What `policy` wants the nodes to run this round.
+pub fn propose(policy: Policy, round: u32, nodes: &[SimNode], alive: &[PodDemand]) -> Decision {
+    let started = Instant::now();
+    let (proposals, unschedulable) = match policy {
+        Policy::Advise => advise_nodes(nodes, alive, false),
+        Policy::Greedy => advise_nodes(nodes, alive, true),
+        Policy::Static if round == 0 => (
+            nodes
+                .iter()
+                .enumerate()
+                .map(|(n, node)| Some(static_profile(n, node.model)))
+                .collect(),
+            0,
+        ),
+        Policy::Static => (vec![None; nodes.len()], 0),
+    };
+    Decision {
+        proposals,
+        took: started.elapsed(),
+        unschedulable,
+    }
+}
+
+/// advise's profile for every node, and how many pods it found no place for. `from_scratch`:
+/// every node fresh, every pod pending.
 fn advise_nodes(
     nodes: &[SimNode],
     alive: &[PodDemand],
     from_scratch: bool,
-) -> Vec<Option<Proposal>> {
+) -> (Vec<Option<Proposal>>, usize) {
     let supply = Supply {
         nodes: nodes
             .iter()
@@ -108,7 +120,8 @@ fn advise_nodes(
     };
     let advice = advise(&Demand { pods }, &supply, PluginKind::Nvidia)
         .unwrap_or_else(|errors| panic!("the simulated fleet is valid input: {errors:?}"));
-    advice
+    let unschedulable = advice.unschedulable.len();
+    let proposals = advice
         .nodes
         .into_iter()
         .map(|a| {
@@ -119,7 +132,8 @@ fn advise_nodes(
             );
             Some((a.profile_key, a.profile))
         })
-        .collect()
+        .collect();
+    (proposals, unschedulable)
 }
 
 /// The hand-written example each node keeps in the static policy: H100 nodes take turns

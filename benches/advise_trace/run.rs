@@ -28,6 +28,10 @@ pub struct Outcome {
     pub instances_destroyed: u64,
     /// Profile changes made (nodes relabelled, summed over rounds).
     pub profile_changes: u64,
+    /// Summed over rounds: pods the policy's packer reported unschedulable, and pods the
+    /// simulation left pending after scheduling.
+    pub reported_unschedulable: u64,
+    pub left_pending: u64,
     /// How long the policy took to decide, per round.
     pub decide_times: Vec<Duration>,
     pub rounds: u32,
@@ -117,9 +121,10 @@ pub fn run(policy: Policy, trace: &[TracePod], nodes: usize, rounds: u32) -> Out
                 trace[i].class.demand(pod_name(i), node)
             })
             .collect();
-        let (proposals, took) = propose(policy, round, &fleet.nodes, &demand);
-        out.decide_times.push(took);
-        for (n, proposal) in proposals.into_iter().enumerate() {
+        let decision = propose(policy, round, &fleet.nodes, &demand);
+        out.decide_times.push(decision.took);
+        out.reported_unschedulable += decision.unschedulable as u64;
+        for (n, proposal) in decision.proposals.into_iter().enumerate() {
             let Some((name, profile)) = proposal else {
                 continue;
             };
@@ -140,7 +145,7 @@ pub fn run(policy: Policy, trace: &[TracePod], nodes: usize, rounds: u32) -> Out
             .filter(|&&i| fleet.placed[i].is_none())
             .map(|&i| (i, needs[i].clone()))
             .collect();
-        fleet.schedule(&pending);
+        out.left_pending += (pending.len() - fleet.schedule(&pending).len()) as u64;
         for &i in &alive {
             let class = Class::ALL
                 .iter()
