@@ -55,8 +55,8 @@ fn main() {
     let load = knob("GPU_SHARE_TRACE_LOAD", 0.7);
     println!("# advise trace: {hours} simulated hours, a round every {round_minutes} min, seed {seed}, mean load {load}");
     println!();
-    println!("| nodes × 8 GPUs | pods | policy | demand served | GPUs used (avg) | lower bound (avg) | used / bound | pods evicted / h | instances destroyed / h | profile changes / h |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| nodes × 8 GPUs | pods | policy | demand served | GPUs used (avg) | lower bound (avg) | used / bound | bound of pods running (avg) | used / that bound | pods evicted / h | instances destroyed / h | profile changes / h |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut advise_times = Vec::new();
     let mut by_class = Vec::new();
     for &n in &nodes {
@@ -79,7 +79,7 @@ fn main() {
             );
             by_class.push((n, policy, out.by_class, pending));
             if policy == Policy::Advise {
-                advise_times.push((n, out.decide_times));
+                advise_times.push((n, out.decide_times, out.solve_times));
             }
         }
     }
@@ -108,29 +108,36 @@ fn main() {
         );
     }
     println!();
-    println!("advise per round (read the fleet, solve, plan every proposal; one call of `gpu_share::advise::advise`):");
-    for (n, mut times) in advise_times {
-        times.sort();
-        let p50 = times[times.len() / 2];
-        let max = times.last().copied().unwrap_or_default();
+    println!("advise per round: `Solver::solve` alone, and all of advise (read the fleet, solve, plan every proposal):");
+    for (n, all, solve) in advise_times {
         println!(
-            "  {n} nodes × 8 GPUs: p50 {}, max {} over {} rounds",
-            ms(p50),
-            ms(max),
-            times.len()
+            "  {n} nodes × 8 GPUs, {} rounds: solver {}; all of advise {}",
+            all.len(),
+            p50_max(solve),
+            p50_max(all)
         );
     }
+}
+
+/// `p50 X ms, max Y ms` (nearest rank).
+fn p50_max(mut times: Vec<Duration>) -> String {
+    times.sort();
+    let p50 = times.get(times.len() / 2).copied().unwrap_or_default();
+    let max = times.last().copied().unwrap_or_default();
+    format!("p50 {}, max {}", ms(p50), ms(max))
 }
 
 fn print_row(nodes: usize, pods: usize, policy: Policy, out: &Outcome, hours: f64) {
     let rounds = f64::from(out.rounds.max(1));
     let used = out.gpu_rounds_used as f64 / rounds;
     let bound = out.gpu_rounds_lower_bound as f64 / rounds;
+    let running = out.gpu_rounds_running_bound as f64 / rounds;
     println!(
-        "| {nodes} | {pods} | {} | {:.1}% | {used:.1} | {bound:.1} | {:.2} | {:.1} | {:.1} | {:.1} |",
+        "| {nodes} | {pods} | {} | {:.1}% | {used:.1} | {bound:.1} | {:.2} | {running:.1} | {:.2} | {:.1} | {:.1} | {:.1} |",
         policy.label(),
         out.served_percent(),
         used / bound.max(f64::MIN_POSITIVE),
+        used / running.max(f64::MIN_POSITIVE),
         out.evictions as f64 / hours,
         out.instances_destroyed as f64 / hours,
         out.profile_changes as f64 / hours,

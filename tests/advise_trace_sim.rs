@@ -132,6 +132,8 @@ fn a_tiny_trace_counts_what_the_static_profile_serves() {
     assert_eq!(out.pod_rounds_served, 6);
     assert_eq!(out.gpu_rounds_used, 6);
     assert_eq!(out.gpu_rounds_lower_bound, 6);
+    // Only the 1g and time-sliced pods run: 1, 1 + 7/16, 1 + 7/16, 7/16 slices: 1 GPU each.
+    assert_eq!(out.gpu_rounds_running_bound, 4);
     assert_eq!(out.evictions, 0);
     assert_eq!(out.instances_destroyed, 0);
     assert_eq!(out.profile_changes, 1);
@@ -148,6 +150,9 @@ fn a_tiny_trace_is_served_whole_by_advise_without_evictions() {
     assert_eq!(out.evictions, 0);
     // Rounds: {1g, 7g} = 2 GPUs, {1g, 7g, shared} = 3, {1g, shared} = 2, {shared} = 1.
     assert_eq!(out.gpu_rounds_used, 8);
+    // Everything runs, so both bounds are ⌈8/7⌉ + ⌈8.44/7⌉ + ⌈1.44/7⌉ + ⌈0.44/7⌉ = 6.
+    assert_eq!(out.gpu_rounds_lower_bound, 6);
+    assert_eq!(out.gpu_rounds_running_bound, 6);
 }
 
 #[test]
@@ -193,4 +198,57 @@ fn weight(class: Class) -> f64 {
         Class::Mig7g => 10.0,
         _ => 15.0,
     }
+}
+
+/// The bench runs advise's steps itself to time the solver alone: its proposals and its
+/// unschedulable count must be `gpu_share::advise::advise`'s, for the live start point and
+/// from scratch. Three nodes (H100, H200, A100 80GB), the H100 running h100-inference with a
+/// 1g pod and a time-sliced pod on it, and one pending pod of every class (7g twice).
+#[test]
+fn the_bench_answers_as_advise_does() {
+    let classes = [
+        Class::Mig1g,
+        Class::Shared,
+        Class::Mig1g,
+        Class::Mig2g,
+        Class::Mig3g,
+        Class::Mig7g,
+        Class::Mig7g,
+        Class::Mps,
+        Class::Shared,
+    ];
+    let mut fleet = Fleet::new(3, classes.len());
+    let (name, inference) = static_profile(0, "h100");
+    fleet.apply(0, &name, &inference);
+    place(&mut fleet, 0, classes[0]);
+    place(&mut fleet, 1, classes[1]);
+    let alive: Vec<_> = classes
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let node = fleet.placed[i].map(|(n, _, _)| fleet.nodes[n].name.as_str());
+            c.demand(format!("pod-{i}"), node)
+        })
+        .collect();
+    for (policy, from_scratch) in [(Policy::Advise, false), (Policy::Greedy, true)] {
+        let decision = policy::propose(policy, 1, &fleet.nodes, &alive);
+        let (supply, demand) = policy::supply_and_demand(&fleet.nodes, &alive, from_scratch);
+        let advice =
+            gpu_share::advise::advise(&demand, &supply, gpu_share::sharing::PluginKind::Nvidia)
+                .expect("valid input");
+        let expected: Vec<_> = advice
+            .nodes
+            .iter()
+            .map(|a| Some((a.profile_key.clone(), a.profile.clone())))
+            .collect();
+        assert_eq!(decision.proposals, expected, "{policy:?}");
+        assert_eq!(
+            decision.unschedulable,
+            advice.unschedulable.len(),
+            "{policy:?}"
+        );
+        assert!(decision.solve.is_some_and(|s| s <= decision.took));
+    }
+    let running = alive.iter().filter(|p| p.node.is_some()).count();
+    assert_eq!(running, 2, "the live start point has running pods");
 }

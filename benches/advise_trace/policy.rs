@@ -14,7 +14,10 @@
 
 use std::time::{Duration, Instant};
 
-use gpu_share::advise::{advise, Demand, PodDemand, Supply, SupplyNode};
+use gpu_share::advise::proposal::propose as propose_profiles;
+use gpu_share::advise::solver::Solver;
+use gpu_share::advise::supply::NodeNow;
+use gpu_share::advise::{Demand, Need, Phase, PodDemand, Supply, SupplyNode};
 use gpu_share::profile::{parse_profile, Profile};
 use gpu_share::sharing::PluginKind;
 
@@ -50,38 +53,41 @@ pub struct Decision {
     pub took: Duration,
     /// Pods advise itself reported unschedulable (0 for the static policy).
     pub unschedulable: usize,
+    /// Of `took`, the solver's own time (`Solver::solve`), for the advise-based policies.
+    pub solve: Option<Duration>,
 }
 
 /// What `policy` wants the nodes to run this round.
 pub fn propose(policy: Policy, round: u32, nodes: &[SimNode], alive: &[PodDemand]) -> Decision {
     let started = Instant::now();
-    let (proposals, unschedulable) = match policy {
+    let answer = match policy {
         Policy::Advise => advise_nodes(nodes, alive, false),
         Policy::Greedy => advise_nodes(nodes, alive, true),
-        Policy::Static if round == 0 => (
-            nodes
+        Policy::Static => Answer {
+            proposals: nodes
                 .iter()
                 .enumerate()
-                .map(|(n, node)| Some(static_profile(n, node.model)))
+                .map(|(n, node)| (round == 0).then(|| static_profile(n, node.model)))
                 .collect(),
-            0,
-        ),
-        Policy::Static => (vec![None; nodes.len()], 0),
+            unschedulable: 0,
+            solve: None,
+        },
     };
     Decision {
-        proposals,
+        proposals: answer.proposals,
         took: started.elapsed(),
-        unschedulable,
+        unschedulable: answer.unschedulable,
+        solve: answer.solve,
     }
 }
 
-/// advise's profile for every node, and how many pods it found no place for. `from_scratch`:
-/// every node fresh, every pod pending.
-fn advise_nodes(
+/// The fleet and its alive pods as advise's input. `from_scratch`: every node fresh (its
+/// model only), every pod pending.
+pub fn supply_and_demand(
     nodes: &[SimNode],
     alive: &[PodDemand],
     from_scratch: bool,
-) -> (Vec<Option<Proposal>>, usize) {
+) -> (Supply, Demand) {
     let supply = Supply {
         nodes: nodes
             .iter()
@@ -106,21 +112,40 @@ fn advise_nodes(
             })
             .collect(),
     };
-    let pods = if from_scratch {
-        alive
-            .iter()
-            .map(|p| PodDemand {
+    let pods = alive
+        .iter()
+        .map(|p| match from_scratch {
+            true => PodDemand {
                 node: None,
-                phase: gpu_share::advise::Phase::Pending,
+                phase: Phase::Pending,
                 ..p.clone()
-            })
-            .collect()
-    } else {
-        alive.to_vec()
-    };
-    let advice = advise(&Demand { pods }, &supply, PluginKind::Nvidia)
-        .unwrap_or_else(|errors| panic!("the simulated fleet is valid input: {errors:?}"));
-    let unschedulable = advice.unschedulable.len();
+            },
+            false => p.clone(),
+        })
+        .collect();
+    (supply, Demand { pods })
+}
+
+/// What [`gpu_share::advise::advise`] does, step by step so the solver's own time can be
+/// told apart from reading the nodes and planning the proposals (the bench fleet is valid
+/// input, so advise's input checks are left out; tests/advise_trace_sim.rs checks that the
+/// answer is advise's).
+fn advise_nodes(nodes: &[SimNode], alive: &[PodDemand], from_scratch: bool) -> Answer {
+    let (supply, demand) = supply_and_demand(nodes, alive, from_scratch);
+    let nows: Vec<NodeNow> = supply
+        .nodes
+        .iter()
+        .map(|n| n.now(PluginKind::Nvidia).expect("simulated nodes read"))
+        .collect();
+    let needs: Vec<Option<Need>> = demand
+        .pods
+        .iter()
+        .map(|p| p.need().expect("trace pods are valid demand"))
+        .collect();
+    let started = Instant::now();
+    let solution = Solver::new(PluginKind::Nvidia).solve(&nows, &demand.pods, &needs);
+    let solve = started.elapsed();
+    let advice = propose_profiles(&solution, &nows, &demand.pods, PluginKind::Nvidia);
     let proposals = advice
         .nodes
         .into_iter()
@@ -133,7 +158,18 @@ fn advise_nodes(
             Some((a.profile_key, a.profile))
         })
         .collect();
-    (proposals, unschedulable)
+    Answer {
+        proposals,
+        unschedulable: advice.unschedulable.len(),
+        solve: Some(solve),
+    }
+}
+
+/// A decision before it is timed.
+struct Answer {
+    proposals: Vec<Option<Proposal>>,
+    unschedulable: usize,
+    solve: Option<Duration>,
 }
 
 /// The hand-written example each node keeps in the static policy: H100 nodes take turns

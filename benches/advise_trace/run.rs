@@ -24,6 +24,8 @@ pub struct Outcome {
     /// Summed over rounds: GPUs holding a pod, and the lower bound.
     pub gpu_rounds_used: u64,
     pub gpu_rounds_lower_bound: u64,
+    /// The lower bound of the pods that ran (what the policy's packing is measured against).
+    pub gpu_rounds_running_bound: u64,
     pub evictions: u64,
     pub instances_destroyed: u64,
     /// Profile changes made (nodes relabelled, summed over rounds).
@@ -32,8 +34,9 @@ pub struct Outcome {
     /// simulation left pending after scheduling.
     pub reported_unschedulable: u64,
     pub left_pending: u64,
-    /// How long the policy took to decide, per round.
+    /// How long the policy took to decide, per round, and of that the solver's own time.
     pub decide_times: Vec<Duration>,
+    pub solve_times: Vec<Duration>,
     pub rounds: u32,
     /// Pod-rounds requested and served by tenant class, in [`Class::ALL`] order.
     pub by_class: [(u64, u64); 6],
@@ -123,6 +126,7 @@ pub fn run(policy: Policy, trace: &[TracePod], nodes: usize, rounds: u32) -> Out
             .collect();
         let decision = propose(policy, round, &fleet.nodes, &demand);
         out.decide_times.push(decision.took);
+        out.solve_times.extend(decision.solve);
         out.reported_unschedulable += decision.unschedulable as u64;
         for (n, proposal) in decision.proposals.into_iter().enumerate() {
             let Some((name, profile)) = proposal else {
@@ -160,6 +164,12 @@ pub fn run(policy: Policy, trace: &[TracePod], nodes: usize, rounds: u32) -> Out
         out.gpu_rounds_used += fleet.gpus_used() as u64;
         out.gpu_rounds_lower_bound +=
             lower_bound_gpus(alive.iter().map(|&i| slices_of(trace[i].class)));
+        out.gpu_rounds_running_bound += lower_bound_gpus(
+            alive
+                .iter()
+                .filter(|&&i| fleet.placed[i].is_some())
+                .map(|&i| slices_of(trace[i].class)),
+        );
     }
     out
 }
