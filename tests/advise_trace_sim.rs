@@ -83,7 +83,7 @@ fn a_profile_change_evicts_the_pods_on_destroyed_instances_only() {
 /// time-sliced pod loses its device, nothing is destroyed (GPUs 0-3 already have 7 × 1g.10gb,
 /// GPUs 4-7 had no instances).
 #[test]
-fn a_whole_gpu_mode_change_evicts_its_pods() {
+fn turning_mig_on_evicts_the_gpus_pods() {
     let mut fleet = Fleet::new(1, 2);
     let (name, inference) = static_profile(0, "h100");
     assert_eq!(name, "h100-inference");
@@ -98,6 +98,27 @@ fn a_whole_gpu_mode_change_evicts_its_pods() {
     assert_eq!(applied.evicted, vec![0]);
     assert!(fleet.placed[1].is_some());
     assert_eq!(fleet.gpus_used(), 1);
+}
+
+/// h100-inference → exclusive: GPUs 0-3 leave MIG (7 instances each destroyed, the 1g pod
+/// evicted); GPUs 4-7 go from time-slicing to exclusive, which the agent does not drain
+/// (src/agent/drain.rs drains what MIG changes disturb), so the time-sliced pod stays.
+#[test]
+fn a_change_between_whole_gpu_modes_evicts_nobody() {
+    let mut fleet = Fleet::new(1, 2);
+    let (name, inference) = static_profile(0, "h100");
+    fleet.apply(0, &name, &inference);
+    place(&mut fleet, 0, Class::Shared);
+    place(&mut fleet, 1, Class::Mig1g);
+    let exclusive =
+        gpu_share::profile::parse_profile("exclusive", include_str!("../profiles/exclusive.yaml"))
+            .unwrap();
+    let applied = fleet.apply(0, "exclusive", &exclusive);
+    assert_eq!(applied.instances_destroyed, 28);
+    assert_eq!(applied.evicted, vec![1]);
+    assert_eq!(fleet.placed[0].map(|(_, g, _)| g), Some(4));
+    assert_eq!(fleet.nodes[0].gpus[4].whole, Some(Whole::Exclusive));
+    assert_eq!(fleet.nodes[0].gpus[4].devices[0].holders, vec![0]);
 }
 
 /// One H100 node, four rounds: a 1g pod (rounds 0-2), a 7g pod (rounds 0-1), a time-sliced

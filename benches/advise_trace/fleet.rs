@@ -4,9 +4,9 @@
 //! One placement model for all policies (the comparison is only fair that way):
 //! - [`Fleet::apply`] changes a node's profile the way the agent does: `plan_for` on the node as
 //!   it is (so MIG instances the new layout can keep stay where they are), the plan's
-//!   `geometry.destroy` counted as instances destroyed, and every pod whose device goes away
-//!   evicted: a pod on a destroyed MIG instance, a pod on a GPU whose whole-GPU mode changes
-//!   (exclusive, time-slicing, MPS, MIG), and pods past a lowered replica count.
+//!   `geometry.destroy` counted as instances destroyed, and the pods the agent's drain evicts:
+//!   those on destroyed MIG instances and on GPUs whose MIG mode changes (a change between
+//!   whole-GPU modes evicts nobody: [`carry_holders`]).
 //! - [`Fleet::schedule`] places pending pods on free devices the way a bin-packing scheduler
 //!   would (the same rule advise's `keep_running` matches running pods with): a MIG pod takes a
 //!   free instance of its named profile, or the free instance with the least memory that holds
@@ -282,22 +282,22 @@ fn whole_device(memory_mib: u64, replicas: u32) -> Device {
     }
 }
 
-/// Move the pods of `old` onto the devices of `new` that are still theirs (the same MIG
-/// instance, kept; or the same whole-GPU mode, up to its replicas); the others are evicted.
+/// Move the pods of `old` onto the devices of `new` that are still theirs; the others are
+/// evicted. As the agent drains (src/agent/drain.rs: "drain only what a MIG change disturbs"):
+/// a pod on a MIG instance the layout keeps stays, one on a destroyed instance goes; turning
+/// MIG on or off evicts the GPU's pods; a change between whole-GPU modes (exclusive,
+/// time-slicing, MPS, their replicas) evicts nobody, so a GPU can hold more pods than its new
+/// replicas until some leave.
 fn carry_holders(old: SimGpu, new: &mut SimGpu) -> Vec<usize> {
     let mut evicted = Vec::new();
     for device in old.devices {
-        let same = new.devices.iter_mut().find(|d| {
-            d.instance == device.instance && (d.instance.is_some() || new.whole == old.whole)
-        });
-        let mut holders = device.holders;
+        let same = new
+            .devices
+            .iter_mut()
+            .find(|d| d.instance == device.instance);
         match same {
-            Some(d) => {
-                let keep = (d.replicas as usize).min(holders.len());
-                evicted.extend(holders.drain(keep..));
-                d.holders = holders;
-            }
-            None => evicted.extend(holders),
+            Some(d) => d.holders.extend(device.holders),
+            None => evicted.extend(device.holders),
         }
     }
     evicted
