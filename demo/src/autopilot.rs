@@ -138,39 +138,23 @@ fn arrive(world: &World) {
 /// Each arriving pod's request against the node's allocatable, after what the pods running on
 /// the node hold (the order a scheduler would meet them in: running first, then by name).
 fn fit(world: &World, show: &Show, when: &str) {
-    let mut free = advertised(world);
-    for pod in world.api.pods_on(NODE) {
-        if phase(&pod) == "Running" && pod.metadata.deletion_timestamp.is_none() {
-            for (resource, n) in gpu_requests(&pod) {
-                let left = free.entry(resource).or_default();
-                *left = left.saturating_sub(n);
-            }
-        }
-    }
+    let mut free = free_after_running(world);
     let mut fitting = 0;
     for (name, ..) in ARRIVING {
         let Some(pod) = world.api.pod(NAMESPACE, name) else {
             continue;
         };
         let requests = gpu_requests(&pod);
-        let fits = requests
-            .iter()
-            .all(|(r, n)| free.get(r).copied().unwrap_or(0) >= *n);
         let asked: Vec<String> = requests
             .iter()
             .map(|(r, n)| {
-                let shared = pod
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get("gpu-share.dev/isolation"))
-                    .map_or(String::new(), |i| format!(" ({i})"));
-                format!(
-                    "{r}: {n}{shared}, {} free",
-                    free.get(r).copied().unwrap_or(0)
-                )
+                let left = free.get(r).copied().unwrap_or(0);
+                format!("{r}: {n}{}, {left} free", isolation(&pod))
             })
             .collect();
+        let fits = requests
+            .iter()
+            .all(|(r, n)| free.get(r).copied().unwrap_or(0) >= *n);
         if fits {
             fitting += 1;
             for (r, n) in &requests {
@@ -187,6 +171,31 @@ fn fit(world: &World, show: &Show, when: &str) {
         "{fitting} of {} arriving pods fit {when}",
         ARRIVING.len()
     ));
+}
+
+/// The node's `nvidia.com/*` allocatable less what its running pods request.
+fn free_after_running(world: &World) -> BTreeMap<String, u64> {
+    let mut free = advertised(world);
+    let running = world.api.pods_on(NODE).into_iter().filter(|p| {
+        p.metadata.deletion_timestamp.is_none()
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    });
+    for pod in running {
+        for (resource, n) in gpu_requests(&pod) {
+            let left = free.entry(resource).or_default();
+            *left = left.saturating_sub(n);
+        }
+    }
+    free
+}
+
+/// ` (shared)` for a pod annotated `gpu-share.dev/isolation: shared`, empty otherwise.
+fn isolation(pod: &Pod) -> String {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("gpu-share.dev/isolation"))
+        .map_or(String::new(), |i| format!(" ({i})"))
 }
 
 /// One dry-run round: the status ConfigMap and the ProfileProposed Event say what it would
@@ -389,13 +398,6 @@ fn profiles(world: &World) -> BTreeMap<String, String> {
         .api
         .configmap(NS, CM)
         .and_then(|cm| cm.data)
-        .unwrap_or_default()
-}
-
-fn phase(pod: &Pod) -> &str {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
         .unwrap_or_default()
 }
 

@@ -1,5 +1,6 @@
 //! The scripted story: label → reconfigure → advertise; change profile (a PDB blocks for a
-//! while); edit the ConfigMap; an invalid profile. Every line printed is read back from the
+//! while); edit the ConfigMap; an invalid profile; then the autopilot sizes a profile from the
+//! pods' demand (chapter 5, in [`crate::autopilot`]). Every line printed is read back from the
 //! simulated world (API double, fake NVML, kubelet), never assumed.
 
 use std::collections::{BTreeMap, BTreeSet};
