@@ -4,6 +4,7 @@
 //! device plugin, then tells a scripted story (`gpu-share-demo`), or leaves it all running for
 //! kubectl and curl (`gpu-share-demo --interactive`).
 
+mod autopilot;
 mod profiles;
 mod show;
 mod sim;
@@ -75,6 +76,13 @@ fn serve(world: &sim::World) -> anyhow::Result<()> {
         world.metrics_port
     );
     println!("profiles in configmap gpu-share/gpu-share-profiles: inference-small, inference-mixed, broken");
+    println!("the autopilot, by hand (the node has GFD's labels; pods requesting nvidia.com/* stay pending here):");
+    println!("  kubectl label node {node} gpu-share.dev/autopilot=enabled");
+    println!(
+        "  kubectl run medium-0 --image=x --overrides='{{\"spec\":{{\"containers\":[{{\"name\":\"medium-0\",\"image\":\"x\",\"resources\":{{\"limits\":{{\"nvidia.com/mig-3g.40gb\":\"1\"}}}}}}]}}}}'"
+    );
+    println!("  cargo run --release -p gpu-share -- autopilot --plugin builtin --debounce-seconds 1 --dry-run   # then without --dry-run");
+    println!("  kubectl -n gpu-share get configmap gpu-share-autopilot-status -o jsonpath='{{.data.status\\.yaml}}'");
     println!("agent log: {}", world.agent_log.display());
     println!("Ctrl-C stops it all.");
     world.block_on(tokio::signal::ctrl_c())?;

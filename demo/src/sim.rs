@@ -20,6 +20,14 @@ use node_sim::{
 
 pub const NODE: &str = "gpu-node-1";
 
+/// What GPU Feature Discovery labels an 8 × H100 node with (mixed MIG strategy: the product
+/// without a `-MIG-` suffix, the count of whole GPUs; nvidia-stack.md §1.8). The agent ignores
+/// them; the autopilot reads the node's GPUs from them.
+pub const GFD_LABELS: [(&str, &str); 2] = [
+    ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+    ("nvidia.com/gpu.count", "8"),
+];
+
 /// One state the agent published on the Node: when the demo's watch saw it, the state label
 /// and the reason annotation.
 #[derive(Debug, Clone)]
@@ -99,6 +107,9 @@ impl World {
         api.put_node(kube_double::fixtures::node(NODE, &[]));
         let agent_log = paths.path("agent.log");
         let node = AgentNode::for_node_in(&api, NODE, h100s(8, false), paths.dir);
+        for (key, value) in GFD_LABELS {
+            api.set_node_label(NODE, key, Some(value));
+        }
         let plugins = DevicePluginKubelet::serve(&api, NODE, &node.path("device-plugins"));
         let pod_resources = PodResourcesKubelet::serve(&api, NODE, &node.pod_resources_socket());
         let metrics_port = node_sim::free_port();
@@ -189,6 +200,12 @@ impl World {
 
     pub fn states_since(&self, mark: usize) -> Vec<Seen> {
         self.seen.lock().unwrap()[mark..].to_vec()
+    }
+
+    /// A client of the API double, made on the world's runtime (it needs one to start).
+    pub fn client(&self) -> kube::Client {
+        let _in_runtime = self.runtime.enter();
+        self.api.client()
     }
 
     pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {

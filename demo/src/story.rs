@@ -1,5 +1,6 @@
 //! The scripted story: label → reconfigure → advertise; change profile (a PDB blocks for a
-//! while); edit the ConfigMap; an invalid profile. Every line printed is read back from the
+//! while); edit the ConfigMap; an invalid profile; then the autopilot sizes a profile from the
+//! pods' demand (chapter 5, in [`crate::autopilot`]). Every line printed is read back from the
 //! simulated world (API double, fake NVML, kubelet), never assumed.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,21 +21,31 @@ use crate::show::Show;
 use crate::sim::{World, NODE};
 
 /// The demo's tenant pods and the PID of each one's GPU process: 0 and 1 on whole GPUs before
-/// the first profile, a-c on MIG instances after it.
-const TENANTS: [(&str, u32); 5] = [
+/// the first profile, a-c on MIG instances after it, d-e on MIG instances in chapter 5.
+const TENANTS: [(&str, u32); 7] = [
     ("tenant-0", 4000),
     ("tenant-1", 4001),
     ("tenant-a", 5000),
     ("tenant-b", 5001),
     ("tenant-c", 5002),
+    ("tenant-d", 5003),
+    ("tenant-e", 5004),
 ];
 
-fn pid_of(pod: &str) -> u32 {
+pub(crate) fn pid_of(pod: &str) -> u32 {
     TENANTS
         .iter()
         .find(|(name, _)| *name == pod)
         .map(|(_, pid)| *pid)
         .expect("a tenant of TENANTS")
+}
+
+/// The tenant whose GPU process has `pid`.
+pub(crate) fn tenant_of(pid: u32) -> Option<&'static str> {
+    TENANTS
+        .iter()
+        .find(|(_, p)| *p == pid)
+        .map(|(name, _)| *name)
 }
 
 /// A MIG instance as the story tracks it: (GPU, GI id, placement start, size).
@@ -54,7 +65,8 @@ pub fn run(world: &World, show: &Show) -> anyhow::Result<()> {
     change_profile(world, show)?;
     edit_configmap(world, show)?;
     invalid_profile(world, show)?;
-    show.chapter(5, "Done");
+    crate::autopilot::demand_decides(world, show)?;
+    show.chapter(6, "Done");
     show.line(&format!(
         "story complete in {:.1}s (the simulated node and its temp dir go now)",
         show.elapsed().as_secs_f64()
@@ -222,28 +234,28 @@ fn invalid_profile(world: &World, show: &Show) -> anyhow::Result<()> {
 
 /// What a chapter compares against: the states, evictions, events, MIG instances and NVML
 /// mutations when it began.
-struct Step {
+pub(crate) struct Step {
     started: Instant,
     states: usize,
     evictions: usize,
     /// The Events already there, name → resourceVersion: the step reports the new ones and
     /// those repeated since (a word-for-word repeat is PATCHed into the first one's series).
     events: BTreeMap<String, String>,
-    mutations: usize,
+    pub(crate) mutations: usize,
     instances: BTreeSet<Instance>,
     pods: BTreeMap<String, Instance>,
 }
 
 impl Step {
     /// Whether the story's watch has seen `state` as the latest since the step began.
-    fn last_state_seen(&self, world: &World, state: &str) -> bool {
+    pub(crate) fn last_state_seen(&self, world: &World, state: &str) -> bool {
         world
             .states_since(self.states)
             .last()
             .is_some_and(|s| s.state == state)
     }
 
-    fn begin(world: &World) -> Step {
+    pub(crate) fn begin(world: &World) -> Step {
         Step {
             started: Instant::now(),
             states: world.mark(),
@@ -255,7 +267,7 @@ impl Step {
         }
     }
 
-    fn report(&self, world: &World, show: &Show) {
+    pub(crate) fn report(&self, world: &World, show: &Show) {
         let states: Vec<String> = world
             .states_since(self.states)
             .iter()
@@ -304,12 +316,17 @@ impl Step {
         show.line(&format!("NVML mutations: {mutations}"));
     }
 
-    fn report_evictions(&self, world: &World, show: &Show) {
-        let evicted: BTreeSet<String> = world.api.evictions()[self.evictions..]
+    /// The pods evicted since the step began (`namespace/name`).
+    pub(crate) fn evicted(&self, world: &World) -> BTreeSet<String> {
+        world.api.evictions()[self.evictions..]
             .iter()
             .filter(|e| e.outcome == EvictionOutcome::Evicted)
-            .map(|e| e.pod.clone())
-            .collect();
+            .map(|e| format!("{}/{}", e.namespace, e.pod))
+            .collect()
+    }
+
+    fn report_evictions(&self, world: &World, show: &Show) {
+        let evicted = self.evicted(world);
         let after = instances(world);
         for (pod, at) in &self.pods {
             let (gpu, gi, ..) = at;
@@ -318,7 +335,7 @@ impl Step {
             } else {
                 format!("GPU {gpu} GI {gi}, which the new layout replaces")
             };
-            if evicted.contains(pod) {
+            if evicted.contains(&format!("default/{pod}")) {
                 show.line(&format!("evicted default/{pod}: it ran on {place}"));
             } else if *gi == u32::MAX || after.contains(at) {
                 show.line(&format!(
@@ -330,7 +347,7 @@ impl Step {
 }
 
 /// Event notes list every MIG step; the story shows their start.
-fn shorten(text: &str) -> String {
+pub(crate) fn shorten(text: &str) -> String {
     const MAX: usize = 240;
     match text.char_indices().nth(MAX) {
         Some((cut, _)) => format!("{}… ({} chars)", &text[..cut], text.len()),
@@ -414,7 +431,12 @@ fn event_names(world: &World) -> BTreeMap<String, String> {
 /// Wait until the Node's allocatable is exactly what the plan of `text` advertises: every
 /// resource of the new layout, not only the first one the kubelet heard of (each resource has
 /// its own plugin socket and ListAndWatch stream, so their updates arrive one by one).
-fn wait_advertised(world: &World, show: &Show, name: &str, text: &str) -> anyhow::Result<()> {
+pub(crate) fn wait_advertised(
+    world: &World,
+    show: &Show,
+    name: &str,
+    text: &str,
+) -> anyhow::Result<()> {
     let expected = planned_resources(name, text)?;
     wait(
         show,
@@ -434,14 +456,14 @@ fn planned_resources(name: &str, text: &str) -> anyhow::Result<BTreeMap<String, 
 }
 
 /// The node's `nvidia.com/*` allocatable, resources at 0 left out.
-fn advertised(world: &World) -> BTreeMap<String, u64> {
+pub(crate) fn advertised(world: &World) -> BTreeMap<String, u64> {
     gpu_allocatable(&world.api, NODE)
         .into_iter()
         .filter(|(_, n)| *n > 0)
         .collect()
 }
 
-fn allocatable(world: &World, show: &Show, what: &str) {
+pub(crate) fn allocatable(world: &World, show: &Show, what: &str) {
     let list: Vec<String> = advertised(world)
         .into_iter()
         .map(|(r, n)| format!("{r}: {n}"))
@@ -456,7 +478,7 @@ fn allocatable(world: &World, show: &Show, what: &str) {
 
 /// Wait until the Node says `text` is applied, and until the story's own watch has seen the
 /// step's `success` too (it may lag the direct read; the step prints the states it saw).
-fn wait_applied(
+pub(crate) fn wait_applied(
     world: &World,
     show: &Show,
     step: &Step,
@@ -469,7 +491,12 @@ fn wait_applied(
 }
 
 /// Wait until `done`, showing progress on a terminal; an error naming `what` after `secs`.
-fn wait(show: &Show, what: &str, secs: u64, mut done: impl FnMut() -> bool) -> anyhow::Result<()> {
+pub(crate) fn wait(
+    show: &Show,
+    what: &str,
+    secs: u64,
+    mut done: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     while !done() {
         if started.elapsed() > Duration::from_secs(secs) {

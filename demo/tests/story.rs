@@ -170,5 +170,116 @@ fn the_demo_tells_the_whole_agent_story_and_exits_zero() {
         "node status.allocatable still advertised: nvidia.com/mig-1g.10gb: 50, nvidia.com/mig-3g.40gb: 2",
     );
 
-    has_prefix(chapter(&out, 5), "story complete in ");
+    demand_decides_the_geometry(chapter(&out, 5));
+
+    has_prefix(chapter(&out, 6), "story complete in ");
+}
+
+/// Chapter 5, the autopilot: the node opts in, arriving pods the profile cannot serve, a
+/// dry-run round that only publishes, a real round that writes `advised-gpu-node-1` and
+/// relabels; the agent evicts only the tenant whose instance changes, and every arriving pod
+/// fits afterwards.
+fn demand_decides_the_geometry(autopilot: &str) {
+    has(
+        autopilot,
+        "kubectl label node gpu-node-1 gpu-share.dev/profile=inference-mixed: success (0 NVML mutations)",
+    );
+    has(
+        autopilot,
+        "node labels: gpu-share.dev/autopilot=enabled, nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3, nvidia.com/gpu.count=8",
+    );
+    let (before, rest) = autopilot
+        .split_once("gpu-share autopilot --dry-run --plugin builtin: one round")
+        .expect("a dry-run round");
+    let (dry, real) = rest
+        .split_once("gpu-share autopilot --plugin builtin: one round")
+        .expect("a real round after the dry-run");
+
+    // What the current profile serves: two of four 3g.40gb, no shared GPU.
+    for (pod, verdict) in [
+        ("medium-0 asks nvidia.com/mig-3g.40gb: 1, 2 free", "fits"),
+        ("medium-1 asks nvidia.com/mig-3g.40gb: 1, 1 free", "fits"),
+        (
+            "medium-2 asks nvidia.com/mig-3g.40gb: 1, 0 free",
+            "does not fit",
+        ),
+        (
+            "medium-3 asks nvidia.com/mig-3g.40gb: 1, 0 free",
+            "does not fit",
+        ),
+        (
+            "notebook-0 asks nvidia.com/gpu: 1 (shared), 0 free",
+            "does not fit",
+        ),
+        (
+            "notebook-1 asks nvidia.com/gpu: 1 (shared), 0 free",
+            "does not fit",
+        ),
+    ] {
+        has(before, &format!("ml/{pod} → {verdict}"));
+    }
+    has(before, "2 of 6 arriving pods fit with the current profile");
+
+    // Dry-run: the status ConfigMap and a ProfileProposed Event, nothing written.
+    has(
+        dry,
+        "status ConfigMap gpu-share/gpu-share-autopilot-status: dryRun true, unschedulable pods 0",
+    );
+    has_prefix(
+        dry,
+        "gpu-node-1: action dry-run, profileKey advised-gpu-node-1, pods 9,",
+    );
+    has_prefix(
+        dry,
+        "event ProfileProposed on Node gpu-node-1: would be applied: profile advised-gpu-node-1 written and selected",
+    );
+    has(
+        dry,
+        "dry-run wrote nothing: node label gpu-share.dev/profile=inference-mixed, ConfigMap key advised-gpu-node-1 absent",
+    );
+
+    // For real: key written, node relabelled, the agent applies it with a drain of the one
+    // tenant whose instance the new layout replaces.
+    has(
+        real,
+        "status ConfigMap gpu-share/gpu-share-autopilot-status: dryRun false, unschedulable pods 0",
+    );
+    has_prefix(
+        real,
+        "gpu-node-1: action applied, profileKey advised-gpu-node-1, pods 9,",
+    );
+    has(
+        real,
+        "autopilot wrote ConfigMap key advised-gpu-node-1 and labelled the node gpu-share.dev/profile=advised-gpu-node-1; its rules:",
+    );
+    has_prefix(
+        real,
+        "event ProfileAdvised: profile advised-gpu-node-1 written and selected",
+    );
+    has_prefix(real, "event Applied: profile advised-gpu-node-1 applied");
+    assert_eq!(states(real), ["pending", "draining", "applying", "success"]);
+    has(
+        real,
+        "evicted default/tenant-d: it ran on GPU 3 GI 7, which the new layout replaces",
+    );
+    has(
+        real,
+        "kept default/tenant-a running: its GPU instance stays",
+    );
+    has(
+        real,
+        "kept default/tenant-e running: its GPU instance stays",
+    );
+    has_prefix(real, "evicted by the agent: default/tenant-d;");
+    for (pod, free) in [
+        ("medium-0 asks nvidia.com/mig-3g.40gb: 1", 4),
+        ("medium-1 asks nvidia.com/mig-3g.40gb: 1", 3),
+        ("medium-2 asks nvidia.com/mig-3g.40gb: 1", 2),
+        ("medium-3 asks nvidia.com/mig-3g.40gb: 1", 1),
+        ("notebook-0 asks nvidia.com/gpu: 1 (shared)", 2),
+        ("notebook-1 asks nvidia.com/gpu: 1 (shared)", 1),
+    ] {
+        has(real, &format!("ml/{pod}, {free} free → fits"));
+    }
+    has(real, "6 of 6 arriving pods fit after the autopilot");
 }
