@@ -8,9 +8,10 @@
 //!   time-slicing replicas (no MIG change, no drain); p50/p99 over 10 changes between two MIG
 //!   profiles (drain slot, cordon, the kubelet's PodResources `List`, MIG steps, uncordon),
 //!   then the same without a PodResources API; the cost of the config write's fsyncs.
-//! - `memory`: the agent's idle VmRSS under each runtime and malloc-arena setup, then VmRSS/VmHWM
-//!   idle and after 1,000 reconciles (label changes, each waited for until its success is
-//!   published), and the idle resident memory by mapping (`agent_figures/memory_map.rs`).
+//! - `memory`: the agent's idle VmRSS under each runtime, with its binary warm in the page
+//!   cache and cold (dropped before the agent starts), what holds it by mapping, then
+//!   VmRSS/VmHWM idle and after 1,000 reconciles (label changes, each waited for until its
+//!   success is published); `agent_figures/memory.rs`.
 //! - `transitions`: the transition suite (every ordered pair of the H100 example profiles on 8
 //!   simulated H100s) with a workload on every GPU instance and on every whole GPU: instances
 //!   destroyed and pods evicted per transition, against a destroy-everything /
@@ -26,8 +27,8 @@ use std::time::{Duration, Instant, SystemTime};
 use kube_double::KubeDouble;
 use node_sim::*;
 
-#[path = "agent_figures/memory_map.rs"]
-mod memory_map;
+#[path = "agent_figures/memory.rs"]
+mod memory;
 #[path = "agent_figures/stages.rs"]
 mod stages;
 use stages::{between, Change, NodeEvents, STAGES};
@@ -298,133 +299,6 @@ fn mig_latency(
     (written, done)
 }
 
-fn memory() {
-    let reconciles = env_count("GPU_SHARE_BENCH_RECONCILES", 1000);
-    println!("\n## agent memory (8 simulated H100s, time-slicing profiles)\n");
-    idle_by_setup();
-    println!("\nthe agent as shipped (current-thread runtime, glibc's default arenas):\n");
-    println!("| NVML library | when | VmRSS | VmHWM |");
-    println!("|---|---|---|---|");
-    // The agent keeps one NVML session for its lifetime (gpu::SharedGpus). Before it did, it
-    // loaded and unloaded the library on every reconcile, and lost 60.6 kB each time with the
-    // fake library (benches/README.md).
-    memory_run(reconciles, "one session for the agent's lifetime");
-}
-
-/// How long the agent is left idle before its memory is read: past tokio's 10 s keep-alive of
-/// idle blocking-pool threads, so the threads of the start-up apply are gone, as on a node.
-const IDLE: Duration = Duration::from_secs(12);
-
-/// Idle VmRSS of the same build under each runtime and malloc setup, each a new agent that
-/// applied one profile and then sat idle for [`IDLE`]. `GPU_SHARE_AGENT_WORKERS` picks a
-/// multi-thread runtime (the agent's runtime until issue 18: a worker per core, 2 here);
-/// `MALLOC_ARENA_MAX` is glibc's own (its default is 8 per core: 16 here).
-fn idle_by_setup() {
-    let setups: [(&str, &[(&str, &str)]); 4] = [
-        (
-            "multi-thread, 2 workers (before issue 18); glibc's default arenas (16)",
-            &[("GPU_SHARE_AGENT_WORKERS", "2")],
-        ),
-        (
-            "current-thread (the agent's default); glibc's default arenas (16)",
-            &[],
-        ),
-        ("current-thread; 2 arenas", &[("MALLOC_ARENA_MAX", "2")]),
-        ("current-thread; 1 arena", &[("MALLOC_ARENA_MAX", "1")]),
-    ];
-    println!("idle, {} s after one profile applied:\n", IDLE.as_secs());
-    println!("| runtime; malloc arenas | VmRSS | RssAnon | RssFile | threads |");
-    println!("|---|---|---|---|---|");
-    for (what, env) in setups {
-        let api = Arc::new(KubeDouble::start());
-        let texts = ts_texts();
-        profiles_configmap(&api, &[], &[(TS[0], texts[0].clone())]);
-        let mut node = AgentNode::new(&api, "bench-idle", h100s(8, false));
-        api.set_node_label(&node.name, PROFILE_LABEL, Some(TS[0]));
-        let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.to_string())).collect();
-        node.start_agent(&["--resync-secs", "300"], &env);
-        wait_applied_text(&api, &node, &texts[0], Duration::from_secs(60), TS[0]);
-        std::thread::sleep(IDLE);
-        let (rss, _) = node.agent_memory_kb();
-        let (anon, file, threads) = memory_map::status_fields(node.agent_pid());
-        node.kill_agent();
-        println!(
-            "| {what} | {} | {} | {} | {threads} |",
-            mib(rss),
-            mib(anon),
-            mib(file)
-        );
-    }
-}
-
-fn mib(kb: u64) -> String {
-    format!("{:.1} MiB", kb as f64 / 1024.0)
-}
-
-fn memory_run(reconciles: usize, what: &str) {
-    let api = Arc::new(KubeDouble::start());
-    let texts = ts_texts();
-    profiles_configmap(
-        &api,
-        &[],
-        &[(TS[0], texts[0].clone()), (TS[1], texts[1].clone())],
-    );
-    let mut node = AgentNode::new(&api, "bench-mem", h100s(8, false));
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    api.set_node_label(&node.name, PROFILE_LABEL, Some(TS[0]));
-    node.start_agent(&["--resync-secs", "300", "--listen", &listen], &[]);
-    wait_applied_text(&api, &node, &texts[0], Duration::from_secs(60), TS[0]);
-    std::thread::sleep(IDLE);
-    let (idle_rss, idle_hwm) = node.agent_memory_kb();
-    let idle_map = memory_map::resident_by_mapping(node.agent_pid());
-    let (anon, file, threads) = memory_map::status_fields(node.agent_pid());
-
-    let started = Instant::now();
-    let mut trace = Vec::new();
-    for i in 0..reconciles {
-        let k = (i + 1) % 2;
-        change(&api, &node, TS[k], &texts[k], Duration::from_secs(30));
-        if (i + 1) % 250 == 0 {
-            trace.push(format!("{}: {} kB", i + 1, node.agent_memory_kb().0));
-        }
-    }
-    let took = started.elapsed();
-    std::thread::sleep(Duration::from_secs(1));
-    let (rss, hwm) = node.agent_memory_kb();
-    let metrics = http_get(port, "/metrics").unwrap_or_default();
-    let counted = metric(&metrics, "gpu_share_reconciles_total{result=\"success\"}");
-    node.kill_agent();
-    eprintln!("VmRSS, NVML {what}: {}", trace.join(", "));
-
-    println!(
-        "| {what} | idle, profile applied | {} | {} |",
-        mib(idle_rss),
-        mib(idle_hwm)
-    );
-    println!(
-        "| {what} | after {reconciles} more reconciles ({:.1} s; /metrics: {} successful in all) | {} | {} |",
-        took.as_secs_f64(),
-        counted.map_or("?".into(), |c| format!("{c}")),
-        mib(rss),
-        mib(hwm)
-    );
-    println!(
-        "| {what} | growth per reconcile | {:.1} kB | |",
-        (rss as f64 - idle_rss as f64) / reconciles.max(1) as f64
-    );
-    println!(
-        "\nidle: RssAnon {}, RssFile {}, {threads} threads; resident by mapping (/proc/<pid>/smaps):\n",
-        mib(anon),
-        mib(file)
-    );
-    println!("| mapping | resident |");
-    println!("|---|---|");
-    for (kind, kb) in idle_map {
-        println!("| {kind} | {} |", mib(kb));
-    }
-}
-
 struct Row {
     from: &'static str,
     to: &'static str,
@@ -569,7 +443,7 @@ fn main() {
         fsync_cost();
     }
     if want("memory") {
-        memory();
+        memory::memory();
     }
     if want("transitions") {
         transitions();

@@ -5,6 +5,9 @@
 
 use std::collections::BTreeMap;
 
+/// The kind [`resident_by_mapping`] gives the agent binary's own mappings.
+pub const BINARY: &str = "the gpu-share binary (code, data)";
+
 /// Resident kB per kind of mapping, largest first.
 pub fn resident_by_mapping(pid: u32) -> Vec<(String, u64)> {
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
@@ -31,7 +34,7 @@ fn mapping_kind(path: Option<&str>) -> String {
         None => "anonymous (malloc arenas, thread stacks)".into(),
         Some("[heap]") => "[heap] (main malloc arena)".into(),
         Some(p) if p.starts_with('[') => p.to_string(),
-        Some(p) if p.ends_with("/gpu-share") => "the gpu-share binary (code, data)".into(),
+        Some(p) if p.ends_with("/gpu-share") => BINARY.into(),
         Some(p) if p.contains("nvidia_ml") || p.contains("nvidia-ml") => {
             "the NVML library (here the fake)".into()
         }

@@ -8,6 +8,7 @@
 
 mod dra;
 pub mod drain;
+mod heap;
 pub mod http;
 pub mod lease;
 pub mod metrics;
@@ -242,7 +243,7 @@ impl AgentArgs {
 /// (benches/README.md, "Agent memory"). `GPU_SHARE_AGENT_WORKERS=N` (N ≥ 1) asks for a
 /// multi-thread runtime of N workers instead. glibc's arena cap is left alone: with one
 /// runtime thread, 16, 2 or 1 arenas measured the same idle RSS (`MALLOC_ARENA_MAX` still
-/// applies).
+/// applies); what the blocking threads freed is given back as each ends (`heap`).
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     let workers = std::env::var("GPU_SHARE_AGENT_WORKERS")
         .ok()
@@ -256,7 +257,10 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         }
         None => tokio::runtime::Builder::new_current_thread(),
     };
-    builder.enable_all().build()
+    builder
+        .on_thread_stop(heap::return_freed_heap)
+        .enable_all()
+        .build()
 }
 
 /// Run until SIGTERM/SIGINT.

@@ -1,6 +1,7 @@
 //! The `gpu-share` command line. Each subcommand reads its inputs, calls the pure core and
 //! prints the result as text for people or JSON/YAML for scripts.
 
+mod logging;
 mod render;
 
 use std::io::Write;
@@ -359,7 +360,7 @@ struct DraPlan {
 /// Parse the command line and run; the exit code says whether problems were found.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    logging::init(cli.log_format);
     match dispatch(cli) {
         Ok(code) => code,
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
@@ -436,19 +437,6 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                 }
             }
         }
-    }
-}
-
-fn init_logging(format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
     }
 }
 
