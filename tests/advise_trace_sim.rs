@@ -248,7 +248,9 @@ fn the_bench_answers_as_advise_does() {
         .enumerate()
         .map(|(i, c)| {
             let node = fleet.placed[i].map(|(n, _, _)| fleet.nodes[n].name.as_str());
-            c.demand(format!("pod-{i}"), node)
+            let mut pod = c.demand(format!("pod-{i}"), node);
+            pod.devices = fleet.held_devices(i);
+            pod
         })
         .collect();
     for (policy, from_scratch) in [(Policy::Advise, false), (Policy::Greedy, true)] {
@@ -272,4 +274,11 @@ fn the_bench_answers_as_advise_does() {
     }
     let running = alive.iter().filter(|p| p.node.is_some()).count();
     assert_eq!(running, 2, "the live start point has running pods");
+    assert!(
+        alive
+            .iter()
+            .filter(|p| p.node.is_some())
+            .all(|p| p.devices.len() == 1),
+        "running pods name the device they hold (advise checked it is on the node)"
+    );
 }
