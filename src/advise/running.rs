@@ -434,4 +434,28 @@ nodes:
         let errors = run(&demand(", devices: [{gpu: 1}]")).unwrap_err();
         assert!(errors[0].contains("migPlacementStart"), "{errors:?}");
     }
+
+    /// One H100 with a single 7g.80gb (no sharing). A pod that names no device, listed first,
+    /// would take the one instance by count, and the pod that names it would then find it
+    /// taken; matching the named pods first keeps the instance with its holder and reports the
+    /// other evicted.
+    #[test]
+    fn pods_naming_their_device_are_matched_before_those_that_do_not() {
+        let supply: Supply = parse(
+            "supply",
+            "nodes:\n  - name: n1\n    gpus: [h100]\n    profileName: big\n    profile: {version: v1, rules: [{devices: all, mig: {7g.80gb: 1}}]}\n",
+        )
+        .unwrap();
+        let demand: Demand = parse(
+            "demand",
+            "pods:
+  - {name: any, node: n1, phase: running, requests: {nvidia.com/mig-7g.80gb: 1}}
+  - {name: mine, node: n1, phase: running, requests: {nvidia.com/mig-7g.80gb: 1}, devices: [{gpu: 0, migPlacementStart: 0}]}
+",
+        )
+        .unwrap();
+        let advice = advise(&demand, &supply, PluginKind::Nvidia).unwrap();
+        assert_eq!(advice.nodes[0].pods, ["default/mine"]);
+        assert_eq!(advice.nodes[0].pods_evicted, ["default/any"]);
+    }
 }

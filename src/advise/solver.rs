@@ -7,8 +7,8 @@
 //! 1. Running pods stay where they are: each is matched to a device its node has now (a free
 //!    MIG instance of its profile, a replica of a time-sliced or MPS GPU, an exclusive GPU). A
 //!    running pod whose device is not there is reported evicted and placed again as pending.
-//!    A pod that names its devices (`devices` in the demand) is matched to those very devices;
-//!    no later step destroys an instance it names. For a pod that names none, which instance
+//!    A pod that names its devices (`devices` in the demand) is matched to those very devices
+//!    (before the pods that name none); no later step destroys an instance it names. For a pod that names none, which instance
 //!    it holds is unknown, so no later step destroys any instance of its profile on the GPU it
 //!    was matched to. Either way placing pending demand never evicts.
 //! 2. Pending pods, largest first (whole GPUs, then MIG by size, then MPS, then shared), go where
@@ -235,7 +235,12 @@ impl Solver {
         let mut state: Vec<NodeState> = nodes.iter().map(start_state).collect();
         let mut evicted = Vec::new();
         let mut pending: Vec<usize> = Vec::new();
-        for (i, pod) in pods.iter().enumerate() {
+        // Pods that name their devices first: a pod that names none then takes a free device
+        // beside them, never one a later pod names.
+        let mut order: Vec<usize> = (0..pods.len()).collect();
+        order.sort_by_key(|&i| pods[i].devices.is_empty());
+        for i in order {
+            let pod = &pods[i];
             let Some(need) = &needs[i] else { continue };
             match (pod.phase, pod.node.as_deref()) {
                 (Phase::Running, Some(node)) => {
@@ -253,6 +258,7 @@ impl Solver {
                 _ => pending.push(i),
             }
         }
+        evicted.sort_unstable();
         pending.sort_by_key(|&i| {
             (
                 size_rank(needs[i].as_ref().expect("pending pods have a need")),
