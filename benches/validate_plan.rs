@@ -127,6 +127,7 @@ fn fleet() -> (Supply, Demand) {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            devices: Vec::new(),
         }
     };
     for n in 0..256 {

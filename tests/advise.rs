@@ -200,6 +200,49 @@ fn a_bad_request_is_refused_naming_the_pod() {
     );
 }
 
+/// A running pod may name the device it holds (issue 15): the demand schema documents it, and a
+/// device its node does not have is refused naming pod, node and device, exit 1.
+#[test]
+fn a_held_device_not_on_the_node_is_refused_naming_pod_node_and_device() {
+    let schema = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+        .args(["schema", "--of", "demand"])
+        .output()
+        .unwrap();
+    assert!(schema.status.success());
+    let schema: serde_json::Value = serde_json::from_slice(&schema.stdout).unwrap();
+    let device = &schema["$defs"]["HeldDevice"]["properties"];
+    for field in ["gpu", "migPlacementStart", "migProfile"] {
+        assert!(device[field].is_object(), "{field} in {device}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let demand = dir.path().join("demand.yaml");
+    // gpu-a has 4 H100s (indexes 0-3); GPU 0 holds seven 1g.10gb at placements 0-6.
+    std::fs::write(
+        &demand,
+        "pods:\n  - {name: r, node: gpu-a, phase: running, requests: {nvidia.com/mig-1g.10gb: 1},\n     devices: [{gpu: 9, migPlacementStart: 2}]}\n  - {name: ok, node: gpu-a, phase: running, requests: {nvidia.com/mig-1g.10gb: 1},\n     devices: [{gpu: 0, migPlacementStart: 2, migProfile: 1g.10gb}]}\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "advise",
+            "--demand",
+            demand.to_str().unwrap(),
+            "--supply",
+            SUPPLY,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("error: pod default/r: device GPU 9 instance at placement 2 on node gpu-a: no such GPU (the node has GPUs 0, 1, 2, 3)"),
+        "{err}"
+    );
+    assert!(!err.contains("pod default/ok"), "{err}");
+}
+
 /// `advise --live` on the Kubernetes API double (the real kube client over HTTP): the example
 /// demand seeded as Pods, the example supply as Nodes with GPU Feature Discovery labels
 /// (`nvidia.com/gpu.product` sanitised as GFD writes it, nvidia-stack.md §1.8) and the profiles

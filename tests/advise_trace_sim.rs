@@ -248,7 +248,9 @@ fn the_bench_answers_as_advise_does() {
         .enumerate()
         .map(|(i, c)| {
             let node = fleet.placed[i].map(|(n, _, _)| fleet.nodes[n].name.as_str());
-            c.demand(format!("pod-{i}"), node)
+            let mut pod = c.demand(format!("pod-{i}"), node);
+            pod.devices = fleet.held_devices(i);
+            pod
         })
         .collect();
     for (policy, from_scratch) in [(Policy::Advise, false), (Policy::Greedy, true)] {
@@ -272,4 +274,47 @@ fn the_bench_answers_as_advise_does() {
     }
     let running = alive.iter().filter(|p| p.node.is_some()).count();
     assert_eq!(running, 2, "the live start point has running pods");
+    assert!(
+        alive
+            .iter()
+            .filter(|p| p.node.is_some())
+            .all(|p| p.devices.len() == 1),
+        "running pods name the device they hold (advise checked it is on the node)"
+    );
+}
+
+/// Issue 15: the pod that runs on GPU 1's 1g instance at start 6 of an H100 node cut into
+/// 7 × 1g.10gb everywhere, and a pending 7g-sized pod. Told only the pod's node, advise matches
+/// it to GPU 0's first free 1g, turns GPU 1 (idle to it) into the 7g, and applying that evicts
+/// the pod. Told the pod's device (`Fleet::held_devices`, what the bench now passes), it keeps
+/// GPU 1's instance and the change evicts nobody.
+#[test]
+fn advise_told_the_pods_device_does_not_evict_it() {
+    let small = gpu_share::profile::parse_profile(
+        "small",
+        "version: v1\nrules:\n- devices: all\n  mig: {1g.10gb: 7}\n",
+    )
+    .unwrap();
+    let evicted = |tell_device: bool| {
+        let mut fleet = Fleet::new(1, 2);
+        fleet.apply(0, "small", &small);
+        let device = fleet.nodes[0].gpus[1]
+            .devices
+            .iter()
+            .position(|d| d.instance == Some(("1g.10gb".into(), 6)))
+            .expect("an instance at start 6");
+        fleet.nodes[0].gpus[1].devices[device].holders.push(0);
+        fleet.placed[0] = Some((0, 1, device));
+        let mut running = Class::Mig1g.demand("pod-0".into(), Some("node-0"));
+        if tell_device {
+            running.devices = fleet.held_devices(0);
+        }
+        let alive = [running, Class::Mig7g.demand("pod-1".into(), None)];
+        let decision = policy::propose(Policy::Advise, 1, &fleet.nodes, &alive);
+        assert_eq!(decision.unschedulable, 0);
+        let (name, profile) = decision.proposals[0].clone().expect("a proposal");
+        fleet.apply(0, &name, &profile).evicted
+    };
+    assert_eq!(evicted(false), vec![0], "matched to any 1g, its own goes");
+    assert_eq!(evicted(true), Vec::<usize>::new(), "pinned, it stays");
 }

@@ -13,7 +13,7 @@
 //!   its memory need; time-sliced and MPS pods join the fullest GPU of their mode with a free
 //!   replica; pods are taken largest first.
 
-use gpu_share::advise::{Need, PodDemand};
+use gpu_share::advise::{HeldDevice, Need, PodDemand};
 use gpu_share::gpu::{MigMode, ObservedNode};
 use gpu_share::mig::{catalog, ExistingInstance};
 use gpu_share::plan::plan_for;
@@ -239,6 +239,20 @@ impl Fleet {
                 .holders
                 .retain(|&p| p != pod);
         }
+    }
+
+    /// The device pod `pod` holds, as advise's demand names it (`gpu-share status` shows the
+    /// same: the GPU's index and the MIG instance's placement start); none when it does not run.
+    pub fn held_devices(&self, pod: usize) -> Vec<HeldDevice> {
+        let Some((n, g, d)) = self.placed[pod] else {
+            return Vec::new();
+        };
+        let instance = self.nodes[n].gpus[g].devices[d].instance.as_ref();
+        vec![HeldDevice {
+            gpu: self.nodes[n].observed.gpus[g].index,
+            mig_placement_start: instance.map(|(_, start)| *start),
+            mig_profile: instance.map(|(profile, _)| profile.clone()),
+        }]
     }
 
     /// GPUs holding at least one pod.

@@ -2,8 +2,8 @@
 //! the same fleet and trace; [`crate::fleet`] applies their profiles and places the pods.
 //!
 //! - **advise**: `gpu-share advise` with the fleet as it is (each node's observed GPUs and
-//!   current profile) and every alive pod, running ones on their node: the solver's "running
-//!   pods stay" start point.
+//!   current profile) and every alive pod, running ones on their node and naming the device
+//!   they hold: the solver's "running pods stay" start point.
 //! - **static**: each node keeps a hand-written example profile from `profiles/` for its model,
 //!   set once at the start.
 //! - **greedy from scratch**: what a per-batch partitioner does: every round, all alive pods
@@ -118,6 +118,7 @@ pub fn supply_and_demand(
             true => PodDemand {
                 node: None,
                 phase: Phase::Pending,
+                devices: Vec::new(),
                 ..p.clone()
             },
             false => p.clone(),

@@ -1,7 +1,8 @@
 //! One policy over one trace: the round loop and what it counts.
 //!
 //! Each round (every `round_minutes` of simulated time), in this order: pods whose time is up
-//! leave; new pods arrive pending; the policy proposes profiles and [`Fleet::apply`] makes them
+//! leave; new pods arrive pending (running ones name the device they hold, as the node agent
+//! would publish it: only advise reads that); the policy proposes profiles and [`Fleet::apply`] makes them
 //! so (evicted pods go back to pending); [`Fleet::schedule`] places pending pods. The fleet
 //! then stays as it is until the next round: every alive pod counts one round of demand,
 //! every running pod one round served.
@@ -121,7 +122,12 @@ pub fn run(policy: Policy, trace: &[TracePod], nodes: usize, rounds: u32) -> Out
             .iter()
             .map(|&i| {
                 let node = fleet.placed[i].map(|(n, _, _)| fleet.nodes[n].name.as_str());
-                trace[i].class.demand(pod_name(i), node)
+                let mut pod = trace[i].class.demand(pod_name(i), node);
+                // Only advise reads where a running pod is; the baselines ignore it.
+                if policy == Policy::Advise {
+                    pod.devices = fleet.held_devices(i);
+                }
+                pod
             })
             .collect();
         let decision = propose(policy, round, &fleet.nodes, &demand);

@@ -131,6 +131,7 @@ impl Class {
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            devices: Vec::new(),
         }
     }
 

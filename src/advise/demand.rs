@@ -43,6 +43,39 @@ pub struct PodDemand {
     /// `gpu-share.dev/memory-gib` and `gpu-share.dev/isolation`; others are ignored.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// The devices a running pod holds, one per unit it requests (optional). With them advise
+    /// keeps the pod on those very devices; without, on any free device of its kind on its node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<HeldDevice>,
+}
+
+/// A device a running pod holds, as `gpu-share status --output json` shows its node: the GPU's
+/// NVML index and, for a MIG instance, the instance's placement start (unique on its GPU) and
+/// optionally its profile (checked). E.g. `{gpu: 3, migPlacementStart: 4, migProfile: 1g.10gb}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HeldDevice {
+    /// NVML index of the GPU.
+    pub gpu: u32,
+    /// For a MIG instance: its placement start on that GPU (`instances[].placement.start`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_placement_start: Option<u32>,
+    /// For a MIG instance: its profile, e.g. `1g.10gb` (checked against the node when given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_profile: Option<String>,
+}
+
+impl std::fmt::Display for HeldDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GPU {}", self.gpu)?;
+        if let Some(profile) = &self.mig_profile {
+            write!(f, " MIG {profile}")?;
+        }
+        if let Some(start) = self.mig_placement_start {
+            write!(f, " instance at placement {start}")?;
+        }
+        Ok(())
+    }
 }
 
 fn default_namespace() -> String {
@@ -196,6 +229,7 @@ pub fn from_pod(pod: &Pod) -> Option<PodDemand> {
         phase,
         requests,
         annotations,
+        devices: Vec::new(),
     })
 }
 
@@ -214,6 +248,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            devices: Vec::new(),
         }
     }
 

@@ -15,7 +15,7 @@ mod running;
 pub mod solver;
 pub mod supply;
 
-pub use demand::{from_pod, Demand, Need, Phase, PodDemand};
+pub use demand::{from_pod, Demand, HeldDevice, Need, Phase, PodDemand};
 pub use proposal::{profile_key, Advice, NodeAdvice};
 pub use supply::{Supply, SupplyNode};
 
@@ -49,6 +49,7 @@ pub fn advise(demand: &Demand, supply: &Supply, plugin: PluginKind) -> Result<Ad
             errors.push(format!("pod {}: running, but no node given", pod.id()));
         }
     }
+    errors.extend(running::check_held_devices(&demand.pods, &needs, &nows));
     if !errors.is_empty() {
         return Err(errors);
     }

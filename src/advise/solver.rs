@@ -7,9 +7,10 @@
 //! 1. Running pods stay where they are: each is matched to a device its node has now (a free
 //!    MIG instance of its profile, a replica of a time-sliced or MPS GPU, an exclusive GPU). A
 //!    running pod whose device is not there is reported evicted and placed again as pending.
-//!    No later step destroys an instance of a profile that running pods use on that GPU, so
-//!    placing pending demand never evicts (offline, which instance a pod holds is unknown, so
-//!    advise keeps them all).
+//!    A pod that names its devices (`devices` in the demand) is matched to those very devices
+//!    (before the pods that name none); no later step destroys an instance it names. For a pod that names none, which instance
+//!    it holds is unknown, so no later step destroys any instance of its profile on the GPU it
+//!    was matched to. Either way placing pending demand never evicts.
 //! 2. Pending pods, largest first (whole GPUs, then MIG by size, then MPS, then shared), go where
 //!    they cost least, compared as ([`Cost`]) instances destroyed, then GPUs newly used, then
 //!    capacity left over on the GPU (best fit). A free instance or replica on a GPU in use costs
@@ -64,8 +65,12 @@ pub struct GpuState {
     pub instances: BTreeMap<String, u32>,
     /// Instances pods hold, profile → count.
     pub used: BTreeMap<String, u32>,
-    /// Of those, the ones running pods hold: never destroyed.
+    /// Of those, the ones running pods that name no device hold, by profile: no instance of
+    /// such a profile is destroyed (which one they hold is unknown).
     pub running: BTreeMap<String, u32>,
+    /// Instances running pods name as theirs, by placement start → pods holding it: these very
+    /// instances are never destroyed (others of their profile may be).
+    pub pinned: BTreeMap<u32, u32>,
     /// Existing instances the proposal destroys.
     pub destroyed: u32,
     /// Pods (replicas) on a whole GPU: time-sliced, MPS clients or the exclusive owner.
@@ -230,7 +235,12 @@ impl Solver {
         let mut state: Vec<NodeState> = nodes.iter().map(start_state).collect();
         let mut evicted = Vec::new();
         let mut pending: Vec<usize> = Vec::new();
-        for (i, pod) in pods.iter().enumerate() {
+        // Pods that name their devices first: a pod that names none then takes a free device
+        // beside them, never one a later pod names.
+        let mut order: Vec<usize> = (0..pods.len()).collect();
+        order.sort_by_key(|&i| pods[i].devices.is_empty());
+        for i in order {
+            let pod = &pods[i];
             let Some(need) = &needs[i] else { continue };
             match (pod.phase, pod.node.as_deref()) {
                 (Phase::Running, Some(node)) => {
@@ -238,7 +248,7 @@ impl Solver {
                     let Some(n) = state.iter_mut().find(|n| n.name == node) else {
                         continue;
                     };
-                    if keep_running(n, need) {
+                    if keep_running(n, need, &pod.devices) {
                         n.pods.push(i);
                     } else {
                         evicted.push(i);
@@ -248,6 +258,7 @@ impl Solver {
                 _ => pending.push(i),
             }
         }
+        evicted.sort_unstable();
         pending.sort_by_key(|&i| {
             (
                 size_rank(needs[i].as_ref().expect("pending pods have a need")),
@@ -460,6 +471,8 @@ impl Solver {
         let mut base = gpu.used.clone();
         base.retain(|_, n| *n > 0);
         *base.entry(profile.to_string()).or_insert(0) += 1;
+        // The planner's layout for a count may keep another instance of a profile than the one
+        // a pod names: more free instances can bring it back, and can move it off again.
         let mut best = self.geometry(model, &base, &gpu.existing)?;
         for (p, n) in &gpu.instances {
             let free = n.saturating_sub(gpu.used.get(p).copied().unwrap_or(0));
@@ -467,8 +480,10 @@ impl Solver {
                 let mut more = base.clone();
                 *more.entry(p.clone()).or_insert(0) += 1;
                 if let Some(g) = self.geometry(model, &more, &gpu.existing) {
-                    base = more;
-                    best = g;
+                    if self.keeps_running(gpu, &g) || !self.keeps_running(gpu, &best) {
+                        base = more;
+                        best = g;
+                    }
                 }
             }
         }
@@ -476,10 +491,10 @@ impl Solver {
     }
 
     fn keeps_running(&self, gpu: &GpuState, geometry: &Geometry) -> bool {
-        geometry
-            .destroy
-            .iter()
-            .all(|d| gpu.running.get(&d.profile).copied().unwrap_or(0) == 0)
+        geometry.destroy.iter().all(|d| {
+            gpu.running.get(&d.profile).copied().unwrap_or(0) == 0
+                && !gpu.pinned.contains_key(&d.placement.start)
+        })
     }
 
     fn evaluate_whole(
