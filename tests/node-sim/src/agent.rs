@@ -162,8 +162,8 @@ impl AgentNode {
 
     /// `gpu-share`, without arguments, in the environment of this node's agent: the
     /// [`Self::fixture_env`], the downward-API values, state dir, plugin config (not reloaded),
-    /// proc and MPS roots and the PodResources socket in the temp dir, any free port, drains
-    /// of 20 s.
+    /// proc and MPS roots, the PodResources socket and the DRA plugin's directories in the temp
+    /// dir, any free port, drains of 20 s.
     pub fn agent_command(&self) -> Command {
         let mut cmd = Command::new(gpu_share_bin());
         cmd.env("NODE_NAME", &self.name)
@@ -177,6 +177,18 @@ impl AgentNode {
                 self.pod_resources_socket(),
             )
             .env("GPU_SHARE_MPS_ROOT", self.path("mps"))
+            // --plugin dra: the kubelet plugin's sockets, checkpoint and CDI specs in the temp
+            // dir too, never the host's /var/lib/kubelet or /var/run/cdi (parallel tests' agents
+            // would take each other's sockets).
+            .env(
+                "GPU_SHARE_DRA_REGISTRATION_DIR",
+                self.path("plugins_registry"),
+            )
+            .env(
+                "GPU_SHARE_DRA_PLUGIN_DIR",
+                self.path("plugins/gpu.gpu-share.dev"),
+            )
+            .env("GPU_SHARE_CDI_ROOT", self.path("cdi"))
             .env("GPU_SHARE_LISTEN", "127.0.0.1:0")
             .env("GPU_SHARE_DRAIN_TIMEOUT", "20");
         self.fixture_env(&mut cmd);
