@@ -582,6 +582,46 @@ mod tests {
             .expect("advise accepts the pinned devices");
     }
 
+    /// The agent writes its own device type (it may not import advise); advise reads it as
+    /// the demand's `HeldDevice`, unknown fields refused: the two must agree.
+    #[test]
+    fn what_the_agent_writes_reads_back_as_the_demands_held_devices() {
+        use crate::agent::devices_in_use as agent;
+        let written: agent::DevicesInUse = [(
+            "ml/p".to_string(),
+            vec![
+                agent::HeldDevice {
+                    gpu: 2,
+                    mig_placement_start: Some(4),
+                    mig_profile: Some("3g.40gb".into()),
+                },
+                agent::HeldDevice {
+                    gpu: 5,
+                    mig_placement_start: None,
+                    mig_profile: None,
+                },
+            ],
+        )]
+        .into();
+        let (text, _) = agent::annotation_text(&written, agent::MAX_ANNOTATION_BYTES);
+        let read: BTreeMap<String, Vec<HeldDevice>> = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            read["ml/p"],
+            [
+                HeldDevice {
+                    gpu: 2,
+                    mig_placement_start: Some(4),
+                    mig_profile: Some("3g.40gb".into())
+                },
+                HeldDevice {
+                    gpu: 5,
+                    mig_placement_start: None,
+                    mig_profile: None
+                }
+            ]
+        );
+    }
+
     #[test]
     fn an_unreadable_annotation_is_a_warning_naming_the_node_and_pins_nothing() {
         let cluster = annotated_cluster("{not json", &["p"]);

@@ -4,7 +4,8 @@
 //! its kind and predicts no eviction where the agent's drain then evicts.
 //!
 //! The annotation [`DEVICES_IN_USE_ANNOTATION`] holds compact JSON, pod (`namespace/name`) →
-//! the devices it holds as advise's demand names them ([`HeldDevice`]), e.g.
+//! the devices it holds as advise's demand names them ([`HeldDevice`], the shape of
+//! `crate::advise::HeldDevice`), e.g.
 //! `{"serving/llm-0":[{"gpu":3,"migPlacementStart":4,"migProfile":"1g.10gb"}]}`. It is built
 //! from the kubelet's PodResources `List` (device IDs as the device plugin advertised them: a
 //! GPU UUID, `<uuid>::<n>` for a replica, or a MIG device UUID) and the GPUs as NVML reports
@@ -21,12 +22,12 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use kube::Api;
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use tracing::warn;
 
 use super::reconcile::{Reconciler, KUBELET_TIMEOUT};
-use crate::advise::HeldDevice;
 use crate::kubelet::pod_resources::api::ListPodResourcesResponse;
 use crate::kubelet::pod_resources::list as list_pod_resources;
 use crate::plan::ObservedNode;
@@ -37,6 +38,22 @@ pub const DEVICES_IN_USE_ANNOTATION: &str = "gpu-share.dev/devices-in-use";
 pub const TRUNCATED_KEY: &str = "gpu-share.dev/truncated";
 /// The most bytes of JSON the annotation holds (a quarter of the API's 256 KiB annotation cap).
 pub const MAX_ANNOTATION_BYTES: usize = 64 * 1024;
+
+/// A device a pod holds, in the shape of advise's demand `devices` entries
+/// (`crate::advise::HeldDevice`, which reads it back: the agent sits below advise, so it
+/// writes its own type; `src/advise/live.rs` tests that the two agree).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldDevice {
+    /// NVML index of the GPU.
+    pub gpu: u32,
+    /// For a MIG instance: its GPU instance's placement start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig_placement_start: Option<u32>,
+    /// For a MIG instance: its profile, e.g. `1g.10gb`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig_profile: Option<String>,
+}
 
 /// Pod (`namespace/name`) → the GPU devices it holds, in the order the kubelet lists them.
 pub type DevicesInUse = BTreeMap<String, Vec<HeldDevice>>;
