@@ -997,6 +997,18 @@ fn the_admission_policy_compiles_and_lets_the_agent_change_only_its_own_fields()
         n["metadata"]["annotations"]["gpu-share.dev/profile.applied-hash"] = json!("ab12");
     };
     check("its own state label", &me, &old, &state, "allow");
+    // What src/agent/devices_in_use.rs publishes for advise --live.
+    let devices_in_use = |n: &mut Value| {
+        n["metadata"]["annotations"]["gpu-share.dev/devices-in-use"] =
+            json!(r#"{"serving/llm-0":[{"gpu":3,"migPlacementStart":4,"migProfile":"1g.10gb"}]}"#);
+    };
+    check(
+        "the devices each pod holds",
+        &me,
+        &old,
+        &devices_in_use,
+        "allow",
+    );
     check(
         "removing its own state",
         &me,

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube_double::{fixtures, KubeDouble};
+use kube_double::{fixtures, KubeDouble, Verb};
 use node_sim::*;
 
 /// The MIG device UUID of the GPU instance at `start` on GPU 0.
@@ -164,4 +164,104 @@ fn without_a_kubelet_to_ask_the_drain_goes_on_with_the_gpu_processes_and_says_so
         log.contains("cannot ask the kubelet which pods hold the GPU devices that change"),
         "{log}"
     );
+}
+
+const DEVICES_IN_USE: &str = "gpu-share.dev/devices-in-use";
+
+/// The node's devices-in-use annotation, read as JSON (null when absent).
+fn devices_in_use(api: &KubeDouble, node: &str) -> serde_json::Value {
+    annotation(api, node, DEVICES_IN_USE)
+        .map(|text| serde_json::from_str(&text).expect("the annotation is JSON"))
+        .unwrap_or_default()
+}
+
+/// The agent publishes which device each pod holds, as advise's demand names devices (GPU
+/// index, MIG placement start and profile), from the kubelet's PodResources `List` and the
+/// GPUs NVML reports; it rewrites the annotation when a pod's devices change and not otherwise.
+#[test]
+fn the_agent_publishes_each_pods_devices_by_gpu_and_placement_and_rewrites_only_changes() {
+    let api = Arc::new(KubeDouble::start());
+    profiles_configmap(&api, &["h100-balanced"], &[]);
+    let mut node = AgentNode::new(&api, "gpu-in-use", h100s(1, true));
+    let kubelet = PodResourcesKubelet::serve(&api, &node.name, &node.pod_resources_socket());
+    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-balanced"));
+    node.start_agent(&[], &[]);
+    wait_applied(&api, &node, "h100-balanced", Duration::from_secs(30));
+
+    let (on_3g, on_1g) = (mig_uuid(&node, 4), mig_uuid(&node, 0));
+    idle_holder(
+        &api,
+        &kubelet,
+        &node.name,
+        "medium",
+        "nvidia.com/mig-3g.40gb",
+        &[&on_3g],
+    );
+    let want_medium = serde_json::json!({
+        "default/medium": [{"gpu": 0, "migPlacementStart": 4, "migProfile": "3g.40gb"}]
+    });
+    // The resync (2 s in node-sim) publishes it.
+    assert!(
+        poll(Duration::from_secs(20), Duration::from_millis(100), || {
+            devices_in_use(&api, &node.name) == want_medium
+        }),
+        "got {}\n{}",
+        devices_in_use(&api, &node.name),
+        node.log()
+    );
+
+    // Nothing changes: two more resyncs write nothing to the Node.
+    api.clear_requests();
+    std::thread::sleep(Duration::from_secs(5));
+    let node_patches = api
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "nodes" && r.verb == Verb::Patch)
+        .count();
+    assert_eq!(node_patches, 0, "an unchanged annotation is not rewritten");
+    assert!(
+        kubelet.lists() >= 3,
+        "yet the kubelet was asked on each pass"
+    );
+
+    idle_holder(
+        &api,
+        &kubelet,
+        &node.name,
+        "small",
+        "nvidia.com/mig-1g.10gb",
+        &[&on_1g],
+    );
+    let mut want_both = want_medium.clone();
+    want_both["default/small"] =
+        serde_json::json!([{"gpu": 0, "migPlacementStart": 0, "migProfile": "1g.10gb"}]);
+    assert!(
+        poll(Duration::from_secs(20), Duration::from_millis(100), || {
+            devices_in_use(&api, &node.name) == want_both
+        }),
+        "got {}",
+        devices_in_use(&api, &node.name)
+    );
+}
+
+/// Without the kubelet's PodResources socket the agent still applies profiles: it logs that it
+/// cannot say which pods hold which devices and publishes nothing.
+#[test]
+fn no_kubelet_socket_publishes_nothing_and_fails_nothing() {
+    let api = Arc::new(KubeDouble::start());
+    profiles_configmap(&api, &["h100-balanced"], &[]);
+    let mut node = AgentNode::new(&api, "gpu-no-kubelet", h100s(1, true));
+    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-balanced"));
+    node.start_agent(&[], &[]);
+    wait_applied(&api, &node, "h100-balanced", Duration::from_secs(30));
+    assert!(
+        poll(Duration::from_secs(10), Duration::from_millis(100), || {
+            node.log()
+                .contains("cannot read which pods hold which devices")
+        }),
+        "{}",
+        node.log()
+    );
+    assert_eq!(state_of(&api, &node.name).as_deref(), Some("success"));
+    assert_eq!(annotation(&api, &node.name, DEVICES_IN_USE), None);
 }

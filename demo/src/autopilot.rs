@@ -10,9 +10,11 @@
 //! exactly one round's result without waiting out a debounce.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use gpu_share::agent::devices_in_use::DEVICES_IN_USE_ANNOTATION;
 use gpu_share::autopilot::publish::{PROPOSED, STATUS_KEY};
 use gpu_share::autopilot::round::{Round, Settings, OPT_IN_LABEL};
 use gpu_share::autopilot::AutopilotArgs;
@@ -89,6 +91,7 @@ fn more_tenants(world: &World, show: &Show) {
         Workload::on_mig("tenant-e", pid_of("tenant-e"), 4, at_start(4)),
     ];
     world.node.add_workloads(&world.api, &tenants);
+    world.hand_devices(&tenants);
     let running: Vec<String> = world
         .node
         .nvml()
@@ -103,6 +106,21 @@ fn more_tenants(world: &World, show: &Show) {
         })
         .collect();
     show.line(&format!("running on MIG instances: {}", running.join(", ")));
+    // The agent's next pass (a 2 s resync) publishes which instance each pod holds; the
+    // autopilot reads it so its prediction names the pods the agent will evict.
+    let published = node_sim::poll(Duration::from_secs(20), Duration::from_millis(100), || {
+        node_sim::annotation(&world.api, NODE, DEVICES_IN_USE_ANNOTATION).is_some_and(|a| {
+            tenants
+                .iter()
+                .all(|t| a.contains(&format!("\"default/{}\"", t.pod)))
+        })
+    });
+    show.line(&format!(
+        "agent annotation {DEVICES_IN_USE_ANNOTATION}: {}",
+        node_sim::annotation(&world.api, NODE, DEVICES_IN_USE_ANNOTATION)
+            .filter(|_| published)
+            .unwrap_or_else(|| "(not published)".into())
+    ));
 }
 
 /// The opt-in label, beside the GPU Feature Discovery labels the autopilot reads the GPUs from.
@@ -251,10 +269,17 @@ fn for_real(world: &World, show: &Show) -> anyhow::Result<()> {
     step.report(world, show);
     let evicted: Vec<String> = step.evicted(world).into_iter().collect();
     let predicted = predicted_evictions(&status);
+    // The autopilot reads which instance each pod holds from the agent's devices-in-use
+    // annotation, so what it predicts is what the agent's drain does.
     show.line(&format!(
-        "evicted by the agent: {}; the autopilot's status listed as evicted: {}",
+        "evicted by the agent: {}; the autopilot's status listed as evicted: {} ({})",
         list_or_none(&evicted),
-        list_or_none(&predicted)
+        list_or_none(&predicted),
+        if evicted == predicted {
+            "the prediction held"
+        } else {
+            "the prediction MISSED"
+        }
     ));
     wait_advertised(world, show, &key, &text)?;
     allocatable(world, show, "now advertised");

@@ -15,7 +15,8 @@ use kube::runtime::watcher::{self, watcher};
 use kube::Api;
 use kube_double::KubeDouble;
 use node_sim::{
-    h100s, AgentNode, DevicePluginKubelet, PodResourcesKubelet, CM, NS, REASON, STATE_LABEL,
+    h100s, AgentNode, DevicePluginKubelet, PodResourcesKubelet, Workload, CM, NS, REASON,
+    STATE_LABEL,
 };
 
 pub const NODE: &str = "gpu-node-1";
@@ -83,7 +84,7 @@ pub struct World {
     pub api: Arc<KubeDouble>,
     pub node: AgentNode,
     _plugins: DevicePluginKubelet,
-    _pod_resources: PodResourcesKubelet,
+    pod_resources: PodResourcesKubelet,
     pub metrics_port: u16,
     pub agent_log: PathBuf,
     seen: Arc<Mutex<Vec<Seen>>>,
@@ -127,7 +128,7 @@ impl World {
             api,
             node,
             _plugins: plugins,
-            _pod_resources: pod_resources,
+            pod_resources,
             metrics_port,
             agent_log,
             seen,
@@ -135,6 +136,30 @@ impl World {
         };
         world.start_agent()?;
         Ok(world)
+    }
+
+    /// Tell the simulated kubelet which device the device plugin handed each of `workloads`'
+    /// pods (namespace `default`, as `add_workloads` puts them): the MIG device's UUID for one
+    /// on a GPU instance, the GPU's UUID otherwise, as the built-in plugin names them. The
+    /// agent reads this through PodResources `List` and publishes it on the Node.
+    pub fn hand_devices(&self, workloads: &[Workload]) {
+        let observed = node_sim::observe(&self.node.nvml_state());
+        for w in workloads {
+            let gpu = &observed.gpus[w.gpu];
+            let (resource, id) = match w.gi {
+                Some(gi) => (
+                    "nvidia.com/mig-1g.10gb",
+                    gpu.compute_instances
+                        .iter()
+                        .find(|ci| ci.gi_id == gi)
+                        .and_then(|ci| ci.uuid.clone()),
+                ),
+                None => ("nvidia.com/gpu", gpu.uuid.clone()),
+            };
+            let id = id.expect("the fake NVML gives every device a UUID");
+            self.pod_resources
+                .allocate("default", &w.pod, resource, &[&id]);
+        }
     }
 
     /// `gpu-share agent --plugin builtin` with the short timings the tests use, in this process.

@@ -79,10 +79,9 @@ fn introduce(world: &World, show: &Show) -> anyhow::Result<()> {
         0,
         &format!("Node {NODE}: 8 × NVIDIA H100 80GB HBM3, MIG off"),
     );
-    world.node.add_workloads(
-        &world.api,
-        &[whole_gpu("tenant-0", 0), whole_gpu("tenant-1", 1)],
-    );
+    let tenants = [whole_gpu("tenant-0", 0), whole_gpu("tenant-1", 1)];
+    world.node.add_workloads(&world.api, &tenants);
+    world.hand_devices(&tenants);
     show.line("tenant pods default/tenant-0 and default/tenant-1 run on whole GPUs 0 and 1");
     allocatable(world, show, "advertised (no profile applied yet)");
     Ok(())
@@ -116,6 +115,7 @@ fn change_profile(world: &World, show: &Show) -> anyhow::Result<()> {
         Workload::on_mig("tenant-c", pid_of("tenant-c"), 7, at_start(7)),
     ];
     world.node.add_workloads(&world.api, &tenants);
+    world.hand_devices(&tenants);
     for t in &tenants {
         show.line(&format!(
             "default/{} runs on GPU {} GI {}",

@@ -18,9 +18,11 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::ListParams;
 use kube::Api;
 
-use super::demand::{from_pod, Demand, Phase, PodDemand};
+use super::demand::{from_pod, Demand, HeldDevice, Phase, PodDemand};
 use super::render::PROFILE_LABEL;
+use super::running::check_held_devices;
 use super::supply::{Supply, SupplyNode};
+use crate::agent::devices_in_use::DEVICES_IN_USE_ANNOTATION;
 use crate::agent::node::CORDON_ANNOTATION;
 use crate::mig::catalog;
 use crate::profile::{parse_profile, Profile};
@@ -47,6 +49,9 @@ pub struct LiveInput {
     pub supply: Supply,
     /// `node <name>: <why>` for every node with GPU labels that is not in the supply.
     pub skipped: Vec<String>,
+    /// Devices a node's agent says a running pod holds that advise could not use (stale or
+    /// unreadable), each naming pod and node: that pod is matched to any device of its kind.
+    pub stale_devices: Vec<String>,
 }
 
 /// List Pods (all namespaces), Nodes (those `node_selector` selects, all when none) and the
@@ -115,7 +120,66 @@ pub fn from_cluster(cluster: &Cluster, plugin: PluginKind) -> LiveInput {
         .collect();
     pods.sort_by_key(PodDemand::id);
     input.demand.pods = pods;
+    input.stale_devices = pin_held_devices(cluster, &mut input, plugin);
     input
+}
+
+/// Give each running pod on a supply node the devices its node's agent says it holds (the
+/// Node annotation `gpu-share.dev/devices-in-use`, `src/agent/devices_in_use.rs`). A pod the
+/// annotation does not name keeps matching any device of its kind; so does one whose named
+/// devices do not fit the node as advise reads it (the annotation lags a change: live input
+/// races), with a warning naming pod and node rather than a failed run.
+fn pin_held_devices(cluster: &Cluster, input: &mut LiveInput, plugin: PluginKind) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let nows: Vec<_> = input
+        .supply
+        .nodes
+        .iter()
+        .filter_map(|n| n.now(plugin).ok())
+        .collect();
+    let mut annotations: BTreeMap<&str, BTreeMap<String, serde_json::Value>> = BTreeMap::new();
+    for node in &cluster.nodes {
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        let Some(text) = crate::agent::node::annotation(node, DEVICES_IN_USE_ANNOTATION) else {
+            continue;
+        };
+        match serde_json::from_str(text) {
+            Ok(by_pod) => {
+                annotations.insert(name, by_pod);
+            }
+            Err(e) => warnings.push(format!(
+                "node {name}: annotation {DEVICES_IN_USE_ANNOTATION} cannot be read ({e}); \
+                 its running pods match any device of their kind"
+            )),
+        }
+    }
+    for pod in &mut input.demand.pods {
+        let (Phase::Running, Some(node)) = (pod.phase, pod.node.as_deref()) else {
+            continue;
+        };
+        let Some(named) = annotations.get(node).and_then(|a| a.get(&pod.id())) else {
+            continue;
+        };
+        let held = serde_json::from_value::<Vec<HeldDevice>>(named.clone())
+            .map_err(|e| vec![e.to_string()])
+            .and_then(|devices| {
+                let mut pinned = pod.clone();
+                pinned.devices = devices;
+                let need = pinned.need().map_err(|e| vec![e])?;
+                let errors = check_held_devices(std::slice::from_ref(&pinned), &[need], &nows);
+                errors.is_empty().then_some(pinned.devices).ok_or(errors)
+            });
+        match held {
+            Ok(devices) => pod.devices = devices,
+            Err(why) => warnings.push(format!(
+                "pod {} on node {node}: the devices its node's agent names are stale ({}); \
+                 matched to any device of its kind",
+                pod.id(),
+                why.join("; ")
+            )),
+        }
+    }
+    warnings
 }
 
 /// A pending pod with `spec.nodeName` is bound: its device is on that node.
@@ -438,6 +502,136 @@ mod tests {
                 ("bound".to_string(), Phase::Running),
                 ("wait".to_string(), Phase::Pending)
             ]
+        );
+    }
+
+    /// Node `g` (one H100, profile `small`: seven 1g.10gb) carrying `devices_in_use` as the
+    /// agent's annotation, and running pods `ml/<name>` on it each asking one 1g.10gb.
+    fn annotated_cluster(devices_in_use: &str, pods: &[&str]) -> Cluster {
+        let mut g = node(
+            "g",
+            &[
+                (PRODUCT_LABEL, "NVIDIA-H100-80GB-HBM3"),
+                (COUNT_LABEL, "1"),
+                (PROFILE_LABEL, "small"),
+            ],
+        );
+        g.metadata.annotations = Some(
+            [(
+                DEVICES_IN_USE_ANNOTATION.to_string(),
+                devices_in_use.to_string(),
+            )]
+            .into(),
+        );
+        Cluster {
+            nodes: vec![g],
+            pods: pods
+                .iter()
+                .map(|p| pod(p, "Running", Some("g"), "nvidia.com/mig-1g.10gb"))
+                .collect(),
+            profiles: [(
+                "small".to_string(),
+                "version: v1\nrules: [{devices: all, mig: {1g.10gb: 7}}]\n".to_string(),
+            )]
+            .into(),
+        }
+    }
+
+    fn devices_of<'a>(input: &'a LiveInput, pod: &str) -> &'a [HeldDevice] {
+        &input
+            .demand
+            .pods
+            .iter()
+            .find(|p| p.name == pod)
+            .expect("the pod is demand")
+            .devices
+    }
+
+    #[test]
+    fn running_pods_get_the_devices_their_nodes_agent_names_and_stale_ones_are_dropped() {
+        let annotation = r#"{"ml/pinned":[{"gpu":0,"migPlacementStart":6,"migProfile":"1g.10gb"}],
+            "ml/stale":[{"gpu":0,"migPlacementStart":9,"migProfile":"1g.10gb"}],
+            "ml/gone":[{"gpu":0,"migPlacementStart":1}],
+            "gpu-share.dev/truncated":0}"#;
+        let cluster = annotated_cluster(annotation, &["pinned", "stale", "unnamed"]);
+        let input = from_cluster(&cluster, PluginKind::Nvidia);
+        assert_eq!(
+            devices_of(&input, "pinned"),
+            [HeldDevice {
+                gpu: 0,
+                mig_placement_start: Some(6),
+                mig_profile: Some("1g.10gb".into())
+            }]
+        );
+        assert!(
+            devices_of(&input, "stale").is_empty(),
+            "a stale device is dropped"
+        );
+        assert!(
+            devices_of(&input, "unnamed").is_empty(),
+            "not named: any device"
+        );
+        assert_eq!(input.stale_devices.len(), 1, "{:?}", input.stale_devices);
+        let warning = &input.stale_devices[0];
+        assert!(
+            warning.starts_with("pod ml/stale on node g:") && warning.contains("placement"),
+            "{warning}"
+        );
+        // The pinned pod is held where the agent says, so advise runs on this input.
+        crate::advise::advise(&input.demand, &input.supply, PluginKind::Nvidia)
+            .expect("advise accepts the pinned devices");
+    }
+
+    /// The agent writes its own device type (it may not import advise); advise reads it as
+    /// the demand's `HeldDevice`, unknown fields refused: the two must agree.
+    #[test]
+    fn what_the_agent_writes_reads_back_as_the_demands_held_devices() {
+        use crate::agent::devices_in_use as agent;
+        let written: agent::DevicesInUse = [(
+            "ml/p".to_string(),
+            vec![
+                agent::HeldDevice {
+                    gpu: 2,
+                    mig_placement_start: Some(4),
+                    mig_profile: Some("3g.40gb".into()),
+                },
+                agent::HeldDevice {
+                    gpu: 5,
+                    mig_placement_start: None,
+                    mig_profile: None,
+                },
+            ],
+        )]
+        .into();
+        let (text, _) = agent::annotation_text(&written, agent::MAX_ANNOTATION_BYTES);
+        let read: BTreeMap<String, Vec<HeldDevice>> = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            read["ml/p"],
+            [
+                HeldDevice {
+                    gpu: 2,
+                    mig_placement_start: Some(4),
+                    mig_profile: Some("3g.40gb".into())
+                },
+                HeldDevice {
+                    gpu: 5,
+                    mig_placement_start: None,
+                    mig_profile: None
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn an_unreadable_annotation_is_a_warning_naming_the_node_and_pins_nothing() {
+        let cluster = annotated_cluster("{not json", &["p"]);
+        let input = from_cluster(&cluster, PluginKind::Nvidia);
+        assert!(devices_of(&input, "p").is_empty());
+        assert_eq!(input.stale_devices.len(), 1);
+        assert!(
+            input.stale_devices[0].starts_with("node g: annotation gpu-share.dev/devices-in-use"),
+            "{:?}",
+            input.stale_devices
         );
     }
 }

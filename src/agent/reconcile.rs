@@ -38,7 +38,7 @@ use crate::plan::{plan_for, steps, ObservedNode, Step};
 use crate::profile::{parse_profile, Problem, Profile};
 
 /// How long the kubelet's PodResources `List` may take before the drain goes on without it.
-const KUBELET_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const KUBELET_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// An apply without MIG steps that takes longer than this (MPS daemons starting, a compute-mode
 /// change) is announced as `applying` while it runs. A plugin-config rewrite takes well under a
@@ -168,6 +168,9 @@ impl Reconciler {
             Outcome::Failed { .. } => "failed",
         };
         self.metrics.reconciled(result, started.elapsed());
+        if !matches!(outcome, Outcome::Failed { .. }) {
+            self.publish_devices_in_use(seen).await;
+        }
         outcome
     }
 
@@ -593,7 +596,7 @@ impl Reconciler {
         Ok(observed)
     }
 
-    fn remembered_inventory(&self) -> Option<ObservedNode> {
+    pub(super) fn remembered_inventory(&self) -> Option<ObservedNode> {
         self.inventory.lock().expect("not poisoned").clone()
     }
 

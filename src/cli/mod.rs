@@ -609,6 +609,9 @@ fn read_live(args: &AdviseArgs) -> Result<(advise::Demand, advise::Supply)> {
     for skipped in &input.skipped {
         eprintln!("warning: {skipped}; left out of the supply");
     }
+    for stale in &input.stale_devices {
+        eprintln!("warning: {stale}");
+    }
     Ok((input.demand, input.supply))
 }
 

@@ -43,6 +43,11 @@ pub async fn holders_of(
     devices: &BTreeSet<String>,
     timeout: Duration,
 ) -> Result<BTreeSet<PodName>, String> {
+    Ok(pods_holding(&list(socket, timeout).await?, devices))
+}
+
+/// Every pod's devices as the kubelet at `socket` lists them (`List`).
+pub async fn list(socket: &Path, timeout: Duration) -> Result<ListPodResourcesResponse, String> {
     let call = async {
         let channel = super::dial(socket.to_path_buf())
             .await
@@ -51,7 +56,7 @@ pub async fn holders_of(
             .list(ListPodResourcesRequest {})
             .await
             .map_err(|s| format!("List at {} failed: {}", socket.display(), s.message()))?;
-        Ok(pods_holding(&list.into_inner(), devices))
+        Ok(list.into_inner())
     };
     tokio::time::timeout(timeout, call).await.map_err(|_| {
         format!(
