@@ -18,6 +18,7 @@
 //! no pod's key can be it), with a warning, rather than a write the API server refuses.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
@@ -25,7 +26,7 @@ use kube::Api;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::reconcile::{Reconciler, KUBELET_TIMEOUT};
 use crate::kubelet::pod_resources::api::ListPodResourcesResponse;
@@ -148,6 +149,9 @@ pub async fn publish(
     Ok(true)
 }
 
+/// Whether the last PodResources read failed, so an agent without a kubelet socket warns once.
+static KUBELET_READ_FAILING: AtomicBool = AtomicBool::new(false);
+
 impl Reconciler {
     /// Publish which device each pod holds ([`devices_in_use`]) when it changed since `seen`
     /// (or a fresh read of the Node). Never fails the reconcile: a kubelet or NVML read or a
@@ -155,9 +159,18 @@ impl Reconciler {
     pub(super) async fn publish_devices_in_use(&self, seen: Option<&Node>) {
         let socket = &self.drain.pod_resources_socket;
         let list = match list_pod_resources(socket, KUBELET_TIMEOUT).await {
-            Ok(list) => list,
+            Ok(list) => {
+                KUBELET_READ_FAILING.store(false, Ordering::Relaxed);
+                list
+            }
             Err(e) => {
-                warn!(error = %e, "cannot read which pods hold which devices; not published");
+                // Once per outage, not on every pass of the resync.
+                if !KUBELET_READ_FAILING.swap(true, Ordering::Relaxed) {
+                    warn!(error = %e, "cannot read which pods hold which devices; not published \
+                          until the kubelet's PodResources API answers");
+                } else {
+                    debug!(error = %e, "PodResources still unreadable");
+                }
                 return;
             }
         };
