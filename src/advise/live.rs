@@ -34,6 +34,7 @@ pub const COUNT_LABEL: &str = "nvidia.com/gpu.count";
 /// What advise reads from the cluster, as the API server returned it.
 #[derive(Debug, Clone, Default)]
 pub struct Cluster {
+    /// The pods that request a GPU ([`from_pod`] reads them), in every namespace.
     pub pods: Vec<Pod>,
     pub nodes: Vec<Node>,
     /// The profiles ConfigMap's keys (empty when it does not exist).
@@ -64,7 +65,7 @@ pub async fn read_cluster(
     if let Some(selector) = node_selector {
         node_params = node_params.labels(selector);
     }
-    let pods = pods.list(&ListParams::default()).await?.items;
+    let pods = gpu_pods(&pods).await?;
     let nodes = nodes.list(&node_params).await?.items;
     let profiles = configmaps
         .get_opt(configmap)
@@ -76,6 +77,29 @@ pub async fn read_cluster(
         nodes,
         profiles,
     })
+}
+
+/// Pods per list request. The autopilot lists every pod each round: a page at a time (the
+/// API server's `limit`/`continue`), keeping only pods that request a GPU, its memory follows
+/// the GPU pods and one page, not every pod of the cluster (500 is client-go's pager default).
+pub const POD_PAGE: u32 = 500;
+
+/// Every Pod [`from_pod`] reads as demand, listed page by page; `managedFields` dropped.
+async fn gpu_pods(api: &Api<Pod>) -> kube::Result<Vec<Pod>> {
+    let mut params = ListParams::default().limit(POD_PAGE);
+    let mut kept = Vec::new();
+    loop {
+        let page = api.list(&params).await?;
+        kept.extend(page.items.into_iter().filter_map(|mut pod| {
+            from_pod(&pod)?;
+            pod.metadata.managed_fields = None;
+            Some(pod)
+        }));
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(kept),
+        }
+    }
 }
 
 fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
@@ -101,7 +125,9 @@ pub fn from_cluster(cluster: &Cluster, plugin: PluginKind) -> LiveInput {
         }
     }
     input.supply.nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    let in_supply = |node: &str| input.supply.nodes.iter().any(|n| n.name == node);
+    let supply: std::collections::BTreeSet<&str> =
+        (input.supply.nodes.iter()).map(|n| n.name.as_str()).collect();
+    let in_supply = |node: &str| supply.contains(node);
     let mut pods: Vec<PodDemand> = cluster
         .pods
         .iter()
