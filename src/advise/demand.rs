@@ -337,7 +337,8 @@ mod tests {
             "metadata": {"name": "greedy", "namespace": "ml"},
             "spec": {"containers": [
                 {"name": "a", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "99999999999"}}},
-                {"name": "b", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "4294967295"}}}]},
+                {"name": "b", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "4294967295"}}},
+                {"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}]},
             "status": {"phase": "Pending"}
         }))
         .unwrap();
