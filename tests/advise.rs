@@ -387,7 +387,11 @@ fn live_advise_lists_pods_page_by_page_and_keeps_only_gpu_pods() {
         .filter(|r| r.method == "GET" && r.path == "/api/v1/pods")
         .map(|r| r.query)
         .collect();
-    assert_eq!(pod_lists.len(), 3, "1,103 pods in pages of 500: {pod_lists:?}");
+    assert_eq!(
+        pod_lists.len(),
+        3,
+        "1,103 pods in pages of 500: {pod_lists:?}"
+    );
     assert!(pod_lists.iter().all(|q| q.contains("limit=500")));
     assert!(pod_lists[1].contains("continue="));
 }

@@ -314,7 +314,10 @@ mod tests {
             let e = pod(&[("nvidia.com/gpu", 1)], &[(MEMORY_ANNOTATION, huge)])
                 .need()
                 .unwrap_err();
-            assert!(e.contains("is over 1024, more than any GPU holds"), "{huge}: {e}");
+            assert!(
+                e.contains("is over 1024, more than any GPU holds"),
+                "{huge}: {e}"
+            );
         }
         for bad in ["NaN", "0", "-1", "lots"] {
             let e = pod(&[("nvidia.com/gpu", 1)], &[(MEMORY_ANNOTATION, bad)])

@@ -125,8 +125,9 @@ pub fn from_cluster(cluster: &Cluster, plugin: PluginKind) -> LiveInput {
         }
     }
     input.supply.nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    let supply: std::collections::BTreeSet<&str> =
-        (input.supply.nodes.iter()).map(|n| n.name.as_str()).collect();
+    let supply: std::collections::BTreeSet<&str> = (input.supply.nodes.iter())
+        .map(|n| n.name.as_str())
+        .collect();
     let in_supply = |node: &str| supply.contains(node);
     let mut pods: Vec<PodDemand> = cluster
         .pods

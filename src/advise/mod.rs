@@ -104,8 +104,7 @@ pub fn read_input(what: &str, path: &std::path::Path) -> Result<String, String> 
             path.display()
         ));
     }
-    String::from_utf8(bytes)
-        .map_err(|e| format!("cannot read {}: not UTF-8 ({e})", path.display()))
+    String::from_utf8(bytes).map_err(|e| format!("cannot read {}: not UTF-8 ({e})", path.display()))
 }
 
 /// Read a demand or supply file: YAML or JSON (JSON is YAML).

@@ -229,8 +229,9 @@ impl Solver {
     pub fn solve(&self, nodes: &[NodeNow], pods: &[PodDemand], needs: &[Option<Need>]) -> Solution {
         let mut state: Vec<NodeState> = nodes.iter().map(start_state).collect();
         let mut pristine = Pristine::of(&state);
-        let by_name: HashMap<String, usize> =
-            (state.iter().enumerate()).map(|(n, s)| (s.name.clone(), n)).collect();
+        let by_name: HashMap<String, usize> = (state.iter().enumerate())
+            .map(|(n, s)| (s.name.clone(), n))
+            .collect();
         let mut evicted = Vec::new();
         let mut pending: Vec<usize> = Vec::new();
         for (i, pod) in pods.iter().enumerate() {

@@ -171,10 +171,9 @@ mod tests {
                 g
             })
             .collect();
-        let node: SupplyNode = serde_json::from_value(
-            serde_json::json!({"name": "big", "current": {"gpus": many}}),
-        )
-        .unwrap();
+        let node: SupplyNode =
+            serde_json::from_value(serde_json::json!({"name": "big", "current": {"gpus": many}}))
+                .unwrap();
         let e = node.now(PluginKind::Nvidia).unwrap_err();
         assert!(
             e.starts_with("node big: current lists 65 GPUs; a node has at most 64"),

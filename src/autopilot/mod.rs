@@ -270,9 +270,15 @@ mod tests {
         assert_eq!(e, "--lease-duration-seconds 0: must be between 1 and 3600");
         // An int32 Lease field: 2^32 + 1 would have been written as 1, 2^31 as negative.
         let e = check(&["--lease-duration-seconds", "2147483648"]).unwrap_err();
-        assert!(e.starts_with("--lease-duration-seconds 2147483648: must be"), "{e}");
+        assert!(
+            e.starts_with("--lease-duration-seconds 2147483648: must be"),
+            "{e}"
+        );
         let e = check(&["--debounce-seconds", "NaN"]).unwrap_err();
-        assert!(e.starts_with("--debounce-seconds NaN: must be between 0 and 3600"), "{e}");
+        assert!(
+            e.starts_with("--debounce-seconds NaN: must be between 0 and 3600"),
+            "{e}"
+        );
         let e = check(&["--debounce-seconds", "1e9"]).unwrap_err();
         assert!(e.contains("must be between 0 and 3600"), "{e}");
         let e = check(&["--plugin", "dra"]).unwrap_err();

@@ -295,7 +295,10 @@ mod tests {
         let actions: Vec<&str> = kept.iter().map(|n| n["action"].as_str().unwrap()).collect();
         assert!(actions.contains(&"applied") && actions.contains(&"blocked-pdb"));
         let cut = &back["truncated"];
-        assert!(cut["note"].as_str().unwrap().contains("cut to fit a ConfigMap"));
+        assert!(cut["note"]
+            .as_str()
+            .unwrap()
+            .contains("cut to fit a ConfigMap"));
         let left_out = cut["nodesLeftOut"].as_u64().unwrap() as usize;
         assert_eq!(kept.len() + left_out, 20_000);
         assert!(left_out > 0);
@@ -335,6 +338,9 @@ mod tests {
             reason: "profile p selected".into(),
             ..decision
         };
-        assert_eq!(event_for(&short).unwrap().note.unwrap(), "profile p selected");
+        assert_eq!(
+            event_for(&short).unwrap().note.unwrap(),
+            "profile p selected"
+        );
     }
 }

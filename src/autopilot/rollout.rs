@@ -233,7 +233,9 @@ pub const SHOWN_NAMES: usize = 10;
 
 /// The first `shown` names, then how many more.
 fn first_names(names: &BTreeSet<String>, shown: usize) -> String {
-    let mut text = (names.iter().take(shown).cloned()).collect::<Vec<_>>().join(", ");
+    let mut text = (names.iter().take(shown).cloned())
+        .collect::<Vec<_>>()
+        .join(", ");
     if names.len() > shown {
         text += &format!(" and {} more", names.len() - shown);
     }

@@ -231,8 +231,9 @@ impl Round {
                 .filter(|d| d.action == Action::Applied)
                 .map(|d| d.node.clone()),
         );
-        let advice: BTreeMap<&str, &advise::NodeAdvice> =
-            (seen.advice.nodes.iter()).map(|a| (a.node.as_str(), a)).collect();
+        let advice: BTreeMap<&str, &advise::NodeAdvice> = (seen.advice.nodes.iter())
+            .map(|a| (a.node.as_str(), a))
+            .collect();
         Status {
             updated: Timestamp::now().to_string(),
             identity: s.identity.clone(),
@@ -291,8 +292,9 @@ fn equivalent_nodes(
     advice: &advise::Advice,
     plugin: PluginKind,
 ) -> BTreeSet<String> {
-    let proposals: BTreeMap<&str, &advise::NodeAdvice> =
-        (advice.nodes.iter()).map(|a| (a.node.as_str(), a)).collect();
+    let proposals: BTreeMap<&str, &advise::NodeAdvice> = (advice.nodes.iter())
+        .map(|a| (a.node.as_str(), a))
+        .collect();
     let mut out = BTreeSet::new();
     for node in &supply.nodes {
         let (Some(name), Some(profile)) = (&node.profile_name, &node.profile) else {

@@ -144,8 +144,10 @@ mod tests {
     fn a_claim_with_more_results_than_the_api_allows_is_refused_by_name() {
         let results = |n: usize| -> Vec<serde_json::Value> {
             (0..n)
-                .map(|i| json!({"request": "gpu", "driver": "gpu.gpu-share.dev",
-                                "pool": "node-a", "device": format!("gpu-{i}")}))
+                .map(|i| {
+                    json!({"request": "gpu", "driver": "gpu.gpu-share.dev",
+                                "pool": "node-a", "device": format!("gpu-{i}")})
+                })
                 .collect()
         };
         let most = claim(json!({"allocation": {"devices": {"results": results(32)}}}));
