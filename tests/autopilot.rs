@@ -772,3 +772,58 @@ fn unusable_flags_are_refused_at_start() {
         );
     }
 }
+
+/// A round whose advise takes seconds (many nodes and pods that fit nowhere, a debug build)
+/// must not stop the Lease renewal: the autopilot's runtime has one thread, so advise runs
+/// off it (`spawn_blocking`). Were it run on that thread, the Lease (2 s here) would go
+/// unrenewed for the whole round and a second replica could take it while this one acts.
+#[test]
+fn the_lease_is_renewed_while_a_long_round_advises() {
+    let api = KubeDouble::start();
+    api.put_configmap(fixtures::configmap(NS, PROFILES, &[]));
+    for n in 0..500 {
+        h100_node(&api, &format!("gpu-{n:03}"), &[]);
+    }
+    // 500 H100s hold 1,000 3g.40gb instances: the rest fit nowhere, and each looks at every node.
+    for p in 0..12_000 {
+        pending_pod(&api, &format!("llm-{p}"), "nvidia.com/mig-3g.40gb");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // `start` gives a 2 s Lease, renewed every 667 ms.
+    let mut pilot = Autopilot::start(dir.path(), &api, "a", &["--dry-run"]);
+    let mut stalest = Duration::ZERO;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !pilot.log().contains("round done") {
+        assert!(std::time::Instant::now() < deadline, "{}", pilot.log());
+        assert!(
+            pilot.child.try_wait().unwrap().is_none(),
+            "exited\n{}",
+            pilot.log()
+        );
+        let renewed = api
+            .lease(NS, "gpu-share-autopilot")
+            .and_then(|l| l.spec?.renew_time);
+        if let Some(renewed) = renewed {
+            let age = k8s_openapi::jiff::Timestamp::now().duration_since(renewed.0);
+            stalest = stalest.max(Duration::try_from(age).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = pilot.log();
+    let round_ms: u64 = log
+        .split("round_ms=")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("no round_ms in the log\n{log}"));
+    // The premise: the round outlasted the Lease several times over.
+    assert!(
+        round_ms >= 4_000,
+        "round took {round_ms} ms: too short to show anything"
+    );
+    assert!(
+        stalest < Duration::from_secs(2),
+        "the Lease went {stalest:?} unrenewed during a {round_ms} ms round\n{log}"
+    );
+    assert!(!log.contains("no longer the leader"), "{log}");
+}
