@@ -22,6 +22,7 @@ use super::demand::{from_pod, Demand, Phase, PodDemand};
 use super::render::PROFILE_LABEL;
 use super::supply::{Supply, SupplyNode};
 use crate::agent::node::CORDON_ANNOTATION;
+use crate::gpu::MAX_SIMULATED_GPUS;
 use crate::mig::catalog;
 use crate::profile::{parse_profile, Profile};
 use crate::sharing::PluginKind;
@@ -188,6 +189,11 @@ fn supply_node(
     let count = gpu_count(product, devices, profile.as_ref())?;
     if count == 0 {
         return Ok(None);
+    }
+    if count > MAX_SIMULATED_GPUS {
+        return Err(format!(
+            "{COUNT_LABEL}={devices}: {count} GPUs, over the {MAX_SIMULATED_GPUS} a node holds",
+        ));
     }
     Ok(Some(SupplyNode {
         name,
@@ -381,6 +387,40 @@ mod tests {
 
     /// Under the single MIG strategy GFD's `gpu.count` counts MIG devices: 14 1g.10gb devices
     /// on a node whose profile puts 7 on every GPU are 2 GPUs.
+    #[test]
+    fn a_gpu_count_past_any_node_leaves_the_node_out_naming_the_label() {
+        let gpu = |count: &str| {
+            node(
+                "big",
+                &[
+                    (PRODUCT_LABEL, "NVIDIA-H100-80GB-HBM3"),
+                    (COUNT_LABEL, count),
+                ],
+            )
+        };
+        let cluster = Cluster {
+            nodes: vec![gpu("99999")],
+            ..Default::default()
+        };
+        let input = from_cluster(&cluster, PluginKind::Nvidia);
+        assert!(input.supply.nodes.is_empty());
+        assert_eq!(
+            input.skipped,
+            ["node big: nvidia.com/gpu.count=99999: 99999 GPUs, over the 16 a node holds"]
+        );
+        let cluster = Cluster {
+            nodes: vec![gpu("16")],
+            ..Default::default()
+        };
+        assert_eq!(
+            from_cluster(&cluster, PluginKind::Nvidia)
+                .supply
+                .nodes
+                .len(),
+            1
+        );
+    }
+
     #[test]
     fn the_single_strategy_count_is_read_through_the_profile() {
         let seven = parse_profile(
