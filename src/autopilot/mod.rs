@@ -124,9 +124,14 @@ pub async fn run(args: AutopilotArgs) -> anyhow::Result<()> {
         &identity,
         Duration::from_secs(args.lease_duration_seconds),
     );
+    // One SIGTERM listener for the whole run: a listener made afresh each loop would miss a
+    // signal that arrives during a round (advise runs off this thread, so the runtime takes
+    // the signal while no listener exists).
+    let shutdown = crate::agent::shutdown_signal();
+    tokio::pin!(shutdown);
     let mut leadership = tokio::select! {
         l = leader.acquire() => l,
-        _ = crate::agent::shutdown_signal() => return Ok(()),
+        _ = &mut shutdown => return Ok(()),
     };
     let changes = Arc::new(Notify::new());
     spawn_watchers(&watch_client, &changes);
@@ -162,7 +167,7 @@ pub async fn run(args: AutopilotArgs) -> anyhow::Result<()> {
         tokio::select! {
             _ = wait_quiet(&changes, debounce) => {}
             why = leadership.lost() => anyhow::bail!("no longer the leader: {why}"),
-            _ = crate::agent::shutdown_signal() => {
+            _ = &mut shutdown => {
                 leadership.release().await;
                 return Ok(());
             }
