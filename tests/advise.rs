@@ -386,3 +386,55 @@ fn live_advise_leaves_out_a_node_whose_profile_cannot_be_read() {
         .collect();
     assert_eq!(nodes, ["gpu-y"]);
 }
+
+/// The autopilot lists every pod each round: page by page (`limit`/`continue`, as client-go's
+/// pager), keeping only the pods that request a GPU, so its memory follows the GPU pods.
+#[test]
+fn live_advise_lists_pods_page_by_page_and_keeps_only_gpu_pods() {
+    use kube_double::KubeDouble;
+    let api = KubeDouble::start();
+    let pod = |name: String, limits: serde_json::Value| {
+        serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(serde_json::json!({
+            "metadata": {"name": name, "namespace": "web"},
+            "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]},
+            "status": {"phase": "Pending"},
+        }))
+        .unwrap()
+    };
+    for i in 0..1_100 {
+        api.put_pod(pod(format!("web-{i}"), serde_json::json!({"cpu": "1"})));
+    }
+    for i in 0..3 {
+        api.put_pod(pod(
+            format!("llm-{i}"),
+            serde_json::json!({"nvidia.com/mig-1g.10gb": "1"}),
+        ));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let cluster = runtime
+        .block_on(async {
+            let client = api.client();
+            gpu_share::advise::live::read_cluster(&client, "gpu-share", "gpu-share-profiles", None)
+                .await
+        })
+        .unwrap();
+    let names: Vec<&str> = (cluster.pods.iter())
+        .map(|p| p.metadata.name.as_deref().unwrap())
+        .collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(names.iter().all(|n| n.starts_with("llm-")));
+    let pod_lists: Vec<String> = (api.requests().into_iter())
+        .filter(|r| r.method == "GET" && r.path == "/api/v1/pods")
+        .map(|r| r.query)
+        .collect();
+    assert_eq!(
+        pod_lists.len(),
+        3,
+        "1,103 pods in pages of 500: {pod_lists:?}"
+    );
+    assert!(pod_lists.iter().all(|q| q.contains("limit=500")));
+    assert!(pod_lists[1].contains("continue="));
+}

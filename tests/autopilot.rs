@@ -772,3 +772,114 @@ fn unusable_flags_are_refused_at_start() {
         );
     }
 }
+
+/// A round whose advise takes seconds (many nodes and pods that fit nowhere, a debug build)
+/// must not stop the Lease renewal: the autopilot's runtime has one thread, so advise runs
+/// off it (`spawn_blocking`). Were it run on that thread, the Lease (2 s here) would go
+/// unrenewed for the whole round and a second replica could take it while this one acts.
+#[test]
+fn the_lease_is_renewed_while_a_long_round_advises() {
+    let api = KubeDouble::start();
+    fleet_advised_for_seconds(&api);
+    let dir = tempfile::tempdir().unwrap();
+    // `start` gives a 2 s Lease, renewed every 667 ms.
+    let mut pilot = Autopilot::start(dir.path(), &api, "a", &["--dry-run"]);
+    let mut stalest = Duration::ZERO;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !pilot.log().contains("round done") {
+        assert!(std::time::Instant::now() < deadline, "{}", pilot.log());
+        assert!(
+            pilot.child.try_wait().unwrap().is_none(),
+            "exited\n{}",
+            pilot.log()
+        );
+        let renewed = api
+            .lease(NS, "gpu-share-autopilot")
+            .and_then(|l| l.spec?.renew_time);
+        if let Some(renewed) = renewed {
+            let age = k8s_openapi::jiff::Timestamp::now().duration_since(renewed.0);
+            stalest = stalest.max(Duration::try_from(age).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = pilot.log();
+    let round_ms: u64 = log
+        .split("round_ms=")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("no round_ms in the log\n{log}"));
+    // The premise: the round outlasted the Lease several times over.
+    assert!(
+        round_ms >= 4_000,
+        "round took {round_ms} ms: too short to show anything"
+    );
+    // Advise on the runtime thread left it unrenewed for most of the round (3.5 s of 4.7 s);
+    // off it, it is renewed every 667 ms (more on a loaded machine, never half the round).
+    assert!(
+        stalest < Duration::from_millis(round_ms / 2),
+        "the Lease went {stalest:?} unrenewed during a {round_ms} ms round\n{log}"
+    );
+    assert!(!log.contains("no longer the leader"), "{log}");
+}
+
+/// 500 opt-in H100s and 12,000 pending 3g.40gb pods: the H100s hold 1,000, the rest fit
+/// nowhere and each looks at every node, so a debug build advises for several seconds.
+fn fleet_advised_for_seconds(api: &KubeDouble) {
+    api.put_configmap(fixtures::configmap(NS, PROFILES, &[]));
+    for n in 0..500 {
+        h100_node(api, &format!("gpu-{n:03}"), &[]);
+    }
+    for p in 0..12_000 {
+        pending_pod(api, &format!("llm-{p}"), "nvidia.com/mig-3g.40gb");
+    }
+}
+
+/// A SIGTERM that arrives while a round advises is not lost: the autopilot finishes the round,
+/// gives the Lease back and exits 0. (With a SIGTERM listener made afresh for each wait, the
+/// runtime took the signal during the round, when no listener existed, and the process ran on.)
+#[test]
+fn sigterm_during_a_long_round_is_not_lost() {
+    let api = KubeDouble::start();
+    fleet_advised_for_seconds(&api);
+    let dir = tempfile::tempdir().unwrap();
+    let mut pilot = Autopilot::start(dir.path(), &api, "a", &["--dry-run"]);
+    // The round reads the profiles ConfigMap after listing pods and nodes (only a round reads
+    // it), then PDBs and drain slot Leases, then advises; the log says nothing until it is done.
+    let profiles = format!("/api/v1/namespaces/{NS}/configmaps/{PROFILES}");
+    let round_started =
+        |a: &KubeDouble| (a.requests().iter()).any(|r| r.method == "GET" && r.path == profiles);
+    assert!(api.wait_until(WAIT, round_started));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !pilot.log().contains("round done"),
+        "too late: {}",
+        pilot.log()
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pilot.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let exit = loop {
+        if let Some(exit) = pilot.child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running a minute after SIGTERM\n{}",
+            pilot.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(exit.success(), "{exit:?}\n{}", pilot.log());
+    assert!(
+        pilot.log().contains("round done"),
+        "the round finished first"
+    );
+    let holder = api
+        .lease(NS, "gpu-share-autopilot")
+        .and_then(|l| l.spec?.holder_identity);
+    assert_eq!(holder, None, "{}", pilot.log());
+}

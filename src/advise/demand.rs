@@ -16,6 +16,10 @@ use crate::sharing::GPU_RESOURCE;
 pub const MEMORY_ANNOTATION: &str = "gpu-share.dev/memory-gib";
 /// Annotation: how a `nvidia.com/gpu` request wants to be isolated: `mig`, `mps` or `shared`.
 pub const ISOLATION_ANNOTATION: &str = "gpu-share.dev/isolation";
+/// The most GiB `gpu-share.dev/memory-gib` may say: more than any GPU holds (the largest in
+/// the MIG catalog has 288 GB), and small enough that MiB figures times any request count stay
+/// far from `u64` overflow in the solver's arithmetic.
+pub const MAX_MEMORY_GIB: f64 = 1024.0;
 /// MIG resources are `nvidia.com/mig-<profile>` (mixed strategy).
 const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
 
@@ -175,7 +179,10 @@ impl PodDemand {
             return Ok(None);
         };
         match text.trim().parse::<f64>() {
-            Ok(gib) if gib > 0.0 && gib.is_finite() => Ok(Some((gib * 1024.0).ceil() as u64)),
+            Ok(gib) if gib > MAX_MEMORY_GIB => Err(format!(
+                "{MEMORY_ANNOTATION}: {text:?} GiB is over {MAX_MEMORY_GIB}, more than any GPU holds"
+            )),
+            Ok(gib) if gib > 0.0 => Ok(Some((gib * 1024.0).ceil() as u64)),
             _ => Err(format!(
                 "{MEMORY_ANNOTATION}: {text:?} is not a positive number of GiB"
             )),
@@ -202,8 +209,11 @@ pub fn from_pod(pod: &Pod) -> Option<PodDemand> {
         let quantities = resources.limits.as_ref().or(resources.requests.as_ref());
         for (name, quantity) in quantities.into_iter().flatten() {
             if name == GPU_RESOURCE || name.starts_with(MIG_RESOURCE_PREFIX) {
-                let n: u32 = quantity.0.trim().parse().unwrap_or(0);
-                *requests.entry(name.clone()).or_insert(0) += n;
+                // Counts past u32 (the API allows int64) saturate: no node holds that many
+                // devices either way, and the pod is reported unschedulable.
+                let n = quantity.0.trim().parse::<u64>().map_or(0, saturate_u32);
+                let sum = requests.entry(name.clone()).or_insert(0);
+                *sum = sum.saturating_add(n);
             }
         }
     }
@@ -231,6 +241,10 @@ pub fn from_pod(pod: &Pod) -> Option<PodDemand> {
         annotations,
         devices: Vec::new(),
     })
+}
+
+fn saturate_u32(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]
@@ -325,6 +339,49 @@ mod tests {
             .need()
             .unwrap_err();
         assert!(e.contains("not a positive number of GiB"), "{e}");
+    }
+
+    /// 1e308 GiB is finite as an f64 but not as MiB in a u64 (it became u64::MAX, and the
+    /// solver's size × count ordering then overflowed): refused, naming the bound.
+    #[test]
+    fn memory_figures_past_any_gpu_are_refused_naming_the_bound() {
+        for huge in ["1e308", "inf", "1025"] {
+            let e = pod(&[("nvidia.com/gpu", 1)], &[(MEMORY_ANNOTATION, huge)])
+                .need()
+                .unwrap_err();
+            assert!(
+                e.contains("is over 1024, more than any GPU holds"),
+                "{huge}: {e}"
+            );
+        }
+        for bad in ["NaN", "0", "-1", "lots"] {
+            let e = pod(&[("nvidia.com/gpu", 1)], &[(MEMORY_ANNOTATION, bad)])
+                .need()
+                .unwrap_err();
+            assert!(e.contains("not a positive number of GiB"), "{bad}: {e}");
+        }
+        let most = pod(
+            &[("nvidia.com/gpu", 1)],
+            &[(ISOLATION_ANNOTATION, "mps"), (MEMORY_ANNOTATION, "1024")],
+        );
+        assert!(most.need().is_ok());
+    }
+
+    /// The API's quantities are int64: a count past u32, or two containers whose sum is, would
+    /// have been read as no request (a parse error) or overflowed the sum.
+    #[test]
+    fn request_counts_past_u32_saturate_instead_of_vanishing_or_overflowing() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "greedy", "namespace": "ml"},
+            "spec": {"containers": [
+                {"name": "a", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "99999999999"}}},
+                {"name": "b", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "4294967295"}}},
+                {"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}]},
+            "status": {"phase": "Pending"}
+        }))
+        .unwrap();
+        let demand = from_pod(&pod).expect("a GPU request, not none");
+        assert_eq!(demand.requests["nvidia.com/mig-1g.10gb"], u32::MAX);
     }
 
     /// A Pod fixture as the API server serves it (JSON), converted.

@@ -24,6 +24,7 @@ use super::running::check_held_devices;
 use super::supply::{Supply, SupplyNode};
 use crate::agent::devices_in_use::DEVICES_IN_USE_ANNOTATION;
 use crate::agent::node::CORDON_ANNOTATION;
+use crate::gpu::MAX_SIMULATED_GPUS;
 use crate::mig::catalog;
 use crate::profile::{parse_profile, Profile};
 use crate::sharing::PluginKind;
@@ -36,6 +37,7 @@ pub const COUNT_LABEL: &str = "nvidia.com/gpu.count";
 /// What advise reads from the cluster, as the API server returned it.
 #[derive(Debug, Clone, Default)]
 pub struct Cluster {
+    /// The pods that request a GPU ([`from_pod`] reads them), in every namespace.
     pub pods: Vec<Pod>,
     pub nodes: Vec<Node>,
     /// The profiles ConfigMap's keys (empty when it does not exist).
@@ -69,7 +71,7 @@ pub async fn read_cluster(
     if let Some(selector) = node_selector {
         node_params = node_params.labels(selector);
     }
-    let pods = pods.list(&ListParams::default()).await?.items;
+    let pods = gpu_pods(&pods).await?;
     let nodes = nodes.list(&node_params).await?.items;
     let profiles = configmaps
         .get_opt(configmap)
@@ -81,6 +83,29 @@ pub async fn read_cluster(
         nodes,
         profiles,
     })
+}
+
+/// Pods per list request. The autopilot lists every pod each round: a page at a time (the
+/// API server's `limit`/`continue`), keeping only pods that request a GPU, its memory follows
+/// the GPU pods and one page, not every pod of the cluster (500 is client-go's pager default).
+pub const POD_PAGE: u32 = 500;
+
+/// Every Pod [`from_pod`] reads as demand, listed page by page; `managedFields` dropped.
+async fn gpu_pods(api: &Api<Pod>) -> kube::Result<Vec<Pod>> {
+    let mut params = ListParams::default().limit(POD_PAGE);
+    let mut kept = Vec::new();
+    loop {
+        let page = api.list(&params).await?;
+        kept.extend(page.items.into_iter().filter_map(|mut pod| {
+            from_pod(&pod)?;
+            pod.metadata.managed_fields = None;
+            Some(pod)
+        }));
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(kept),
+        }
+    }
 }
 
 fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
@@ -106,7 +131,10 @@ pub fn from_cluster(cluster: &Cluster, plugin: PluginKind) -> LiveInput {
         }
     }
     input.supply.nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    let in_supply = |node: &str| input.supply.nodes.iter().any(|n| n.name == node);
+    let supply: std::collections::BTreeSet<&str> = (input.supply.nodes.iter())
+        .map(|n| n.name.as_str())
+        .collect();
+    let in_supply = |node: &str| supply.contains(node);
     let mut pods: Vec<PodDemand> = cluster
         .pods
         .iter()
@@ -225,6 +253,11 @@ fn supply_node(
     let count = gpu_count(product, devices, profile.as_ref())?;
     if count == 0 {
         return Ok(None);
+    }
+    if count > MAX_SIMULATED_GPUS {
+        return Err(format!(
+            "{COUNT_LABEL}={devices}: {count} GPUs, over the {MAX_SIMULATED_GPUS} a node holds",
+        ));
     }
     Ok(Some(SupplyNode {
         name,
@@ -418,6 +451,40 @@ mod tests {
 
     /// Under the single MIG strategy GFD's `gpu.count` counts MIG devices: 14 1g.10gb devices
     /// on a node whose profile puts 7 on every GPU are 2 GPUs.
+    #[test]
+    fn a_gpu_count_past_any_node_leaves_the_node_out_naming_the_label() {
+        let gpu = |count: &str| {
+            node(
+                "big",
+                &[
+                    (PRODUCT_LABEL, "NVIDIA-H100-80GB-HBM3"),
+                    (COUNT_LABEL, count),
+                ],
+            )
+        };
+        let cluster = Cluster {
+            nodes: vec![gpu("99999")],
+            ..Default::default()
+        };
+        let input = from_cluster(&cluster, PluginKind::Nvidia);
+        assert!(input.supply.nodes.is_empty());
+        assert_eq!(
+            input.skipped,
+            ["node big: nvidia.com/gpu.count=99999: 99999 GPUs, over the 16 a node holds"]
+        );
+        let cluster = Cluster {
+            nodes: vec![gpu("16")],
+            ..Default::default()
+        };
+        assert_eq!(
+            from_cluster(&cluster, PluginKind::Nvidia)
+                .supply
+                .nodes
+                .len(),
+            1
+        );
+    }
+
     #[test]
     fn the_single_strategy_count_is_read_through_the_profile() {
         let seven = parse_profile(

@@ -21,13 +21,24 @@ pub use supply::{Supply, SupplyNode};
 
 use crate::sharing::PluginKind;
 
+/// The most nodes advise plans for: Kubernetes' documented largest cluster ("No more than
+/// 5,000 nodes", kubernetes.io/docs/setup/best-practices/cluster-large).
+pub const MAX_NODES: usize = 5_000;
+/// The most pods in the demand: Kubernetes' documented largest cluster ("No more than 150,000
+/// total pods", same page). The solver's time grows with pods × nodes (docs/advise.md, "Bounds").
+pub const MAX_PODS: usize = 150_000;
+/// The most bytes of a demand or supply file: 150,000 pods take about 25 MB as JSON.
+pub const MAX_INPUT_BYTES: u64 = 64 * 1024 * 1024;
+
 /// Advise for `demand` on `supply`, or every reason the input cannot be used (each names the
 /// pod or node).
 pub fn advise(demand: &Demand, supply: &Supply, plugin: PluginKind) -> Result<Advice, Vec<String>> {
+    check_counts(demand, supply)?;
     let mut errors = Vec::new();
     let mut nows = Vec::new();
-    for (i, node) in supply.nodes.iter().enumerate() {
-        if supply.nodes[..i].iter().any(|n| n.name == node.name) {
+    let mut seen = std::collections::HashSet::new();
+    for node in &supply.nodes {
+        if !seen.insert(node.name.as_str()) {
             errors.push(format!("node {}: listed twice in the supply", node.name));
             continue;
         }
@@ -57,6 +68,46 @@ pub fn advise(demand: &Demand, supply: &Supply, plugin: PluginKind) -> Result<Ad
     Ok(proposal::propose(&solution, &nows, &demand.pods, plugin))
 }
 
+/// Refuse more nodes or pods than [`MAX_NODES`] / [`MAX_PODS`], before any is read.
+fn check_counts(demand: &Demand, supply: &Supply) -> Result<(), Vec<String>> {
+    let mut errors = Vec::new();
+    if supply.nodes.len() > MAX_NODES {
+        errors.push(format!(
+            "supply: {} nodes, over {MAX_NODES} (Kubernetes' largest documented cluster)",
+            supply.nodes.len()
+        ));
+    }
+    if demand.pods.len() > MAX_PODS {
+        errors.push(format!(
+            "demand: {} pods, over {MAX_PODS} (Kubernetes' largest documented cluster)",
+            demand.pods.len()
+        ));
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
+}
+
+/// A demand or supply file's text, refused unread past [`MAX_INPUT_BYTES`] (at most one byte
+/// past the bound is read).
+pub fn read_input(what: &str, path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_INPUT_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(cannot)?;
+    if bytes.len() as u64 > MAX_INPUT_BYTES {
+        return Err(format!(
+            "{}: the {what} is over {MAX_INPUT_BYTES} bytes (MAX_INPUT_BYTES)",
+            path.display()
+        ));
+    }
+    String::from_utf8(bytes).map_err(|e| format!("cannot read {}: not UTF-8 ({e})", path.display()))
+}
+
 /// Read a demand or supply file: YAML or JSON (JSON is YAML).
 pub fn parse<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T, String> {
     serde_yaml::from_str(text).map_err(|e| format!("cannot read the {what}: {e}"))
@@ -65,3 +116,64 @@ pub fn parse<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T
 /// The solver's criteria and their order, end to end through [`advise`].
 #[cfg(test)]
 mod solver_criteria;
+
+#[cfg(test)]
+mod bounds {
+    use super::*;
+
+    #[test]
+    fn more_nodes_or_pods_than_kubernetes_documents_are_refused_before_planning() {
+        let node = |i: usize| SupplyNode {
+            name: format!("n{i}"),
+            gpus: vec!["h100x8".into()],
+            current: None,
+            profile_name: None,
+            profile: None,
+        };
+        let pod = |i: usize| PodDemand {
+            namespace: "ml".into(),
+            name: format!("p{i}"),
+            node: None,
+            phase: Phase::Pending,
+            requests: [("nvidia.com/mig-1g.10gb".to_string(), 1)].into(),
+            annotations: Default::default(),
+            devices: Vec::new(),
+        };
+        let supply = Supply {
+            nodes: (0..=MAX_NODES).map(node).collect(),
+        };
+        let demand = Demand {
+            pods: (0..=MAX_PODS).map(pod).collect(),
+        };
+        let errors = advise(&demand, &supply, PluginKind::Nvidia).unwrap_err();
+        assert_eq!(
+            errors,
+            [
+                "supply: 5001 nodes, over 5000 (Kubernetes' largest documented cluster)",
+                "demand: 150001 pods, over 150000 (Kubernetes' largest documented cluster)",
+            ]
+        );
+        let within = Supply {
+            nodes: supply.nodes[..2].to_vec(),
+        };
+        let one = Demand {
+            pods: demand.pods[..1].to_vec(),
+        };
+        assert!(advise(&one, &within, PluginKind::Nvidia).is_ok());
+    }
+
+    #[test]
+    fn an_input_file_over_the_bound_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("demand.yaml");
+        std::fs::write(&path, "pods: []\n").unwrap();
+        assert_eq!(read_input("demand", &path).unwrap(), "pods: []\n");
+        let file = std::fs::File::create(&path).unwrap();
+        file.set_len(MAX_INPUT_BYTES + 1).unwrap();
+        let e = read_input("demand", &path).unwrap_err();
+        assert!(
+            e.ends_with("demand.yaml: the demand is over 67108864 bytes (MAX_INPUT_BYTES)"),
+            "{e}"
+        );
+    }
+}

@@ -127,6 +127,52 @@ fn free_instance_now(gpu: &GpuState, unit: &Unit) -> Option<String> {
     }
 }
 
+/// Which nodes are still as they started, and which of those started alike. Two such nodes
+/// cost the same for any pod, and the solver keeps the first of equal costs, so only the first
+/// of each class needs evaluating: placing a pod then looks at the nodes in use plus one node
+/// per kind of idle node, not at every node (a fleet of 5,000 alike nodes is one class).
+pub(super) struct Pristine {
+    /// Per node, its class: nodes whose GPUs started the same share one.
+    class: Vec<usize>,
+    touched: Vec<bool>,
+}
+
+impl Pristine {
+    pub(super) fn of(nodes: &[NodeState]) -> Self {
+        let mut classes: std::collections::HashMap<String, usize> = Default::default();
+        let class = nodes
+            .iter()
+            .map(|n| {
+                // Everything a GPU's cost depends on (memo empty at the start); not the name.
+                let next = classes.len();
+                *classes.entry(format!("{:?}", n.gpus)).or_insert(next)
+            })
+            .collect();
+        Pristine {
+            class,
+            touched: vec![false; nodes.len()],
+        }
+    }
+
+    /// A pod was placed on node `n`: it is no longer like the others of its class.
+    pub(super) fn touch(&mut self, n: usize) {
+        self.touched[n] = true;
+    }
+
+    /// Whether node `n` can be skipped: untouched, and its class was evaluated already in this
+    /// placement (`seen`: classes evaluated so far).
+    pub(super) fn same_as_seen(&self, n: usize, seen: &mut Vec<bool>) -> bool {
+        if self.touched[n] {
+            return false;
+        }
+        let c = self.class[n];
+        if seen.len() <= c {
+            seen.resize(c + 1, false);
+        }
+        std::mem::replace(&mut seen[c], true)
+    }
+}
+
 /// Pin a running pod to the devices it names: each must be on its node now and of its kind (a
 /// MIG instance with a free replica, a whole GPU in the pod's mode with room); MIG instances it
 /// holds are kept by placement, so only they are protected from destroys (`GpuState::pinned`).

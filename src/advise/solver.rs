@@ -30,7 +30,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 
 use super::demand::{Need, Phase, PodDemand};
-use super::running::{keep_running, start_state};
+use super::running::{keep_running, start_state, Pristine};
 use super::supply::NodeNow;
 use crate::mig::{self, ExistingInstance, Geometry, GpuModel};
 use crate::sharing::{PlannedMode, PluginKind};
@@ -233,6 +233,10 @@ impl Solver {
     /// `nodes` as they are now.
     pub fn solve(&self, nodes: &[NodeNow], pods: &[PodDemand], needs: &[Option<Need>]) -> Solution {
         let mut state: Vec<NodeState> = nodes.iter().map(start_state).collect();
+        let mut pristine = Pristine::of(&state);
+        let by_name: HashMap<String, usize> = (state.iter().enumerate())
+            .map(|(n, s)| (s.name.clone(), n))
+            .collect();
         let mut evicted = Vec::new();
         let mut pending: Vec<usize> = Vec::new();
         // Pods that name their devices first: a pod that names none then takes a free device
@@ -245,11 +249,12 @@ impl Solver {
             match (pod.phase, pod.node.as_deref()) {
                 (Phase::Running, Some(node)) => {
                     // A node outside the supply: its pods are not advise's to move.
-                    let Some(n) = state.iter_mut().find(|n| n.name == node) else {
+                    let Some(&n) = by_name.get(node) else {
                         continue;
                     };
-                    if keep_running(n, need, &pod.devices) {
-                        n.pods.push(i);
+                    if keep_running(&mut state[n], need, &pod.devices) {
+                        pristine.touch(n);
+                        state[n].pods.push(i);
                     } else {
                         evicted.push(i);
                         pending.push(i);
@@ -268,8 +273,11 @@ impl Solver {
         let mut unschedulable = Vec::new();
         for i in pending {
             let need = needs[i].as_ref().expect("pending pods have a need");
-            match self.place_pending(&mut state, need) {
-                Some(n) => state[n].pods.push(i),
+            match self.place_pending(&mut state, &mut pristine, need) {
+                Some(n) => {
+                    pristine.touch(n);
+                    state[n].pods.push(i);
+                }
                 None => unschedulable.push((i, self.why_not(nodes, need))),
             }
         }
@@ -281,11 +289,21 @@ impl Solver {
     }
 
     /// Place a pending pod on the node where it costs least; the node's index.
-    fn place_pending(&self, nodes: &mut [NodeState], need: &Need) -> Option<usize> {
+    /// Of nodes still as they started alike, only the first is evaluated ([`Pristine`]).
+    fn place_pending(
+        &self,
+        nodes: &mut [NodeState],
+        pristine: &mut Pristine,
+        need: &Need,
+    ) -> Option<usize> {
         let (unit, count) = units(need);
+        let mut seen = Vec::new();
         if count == 1 {
             let mut best: Option<(Cost, usize, usize, Change)> = None;
             for (n, node) in nodes.iter().enumerate() {
+                if pristine.same_as_seen(n, &mut seen) {
+                    continue;
+                }
                 let bound = best.as_ref().map(|b| b.0);
                 if let Some((cost, g, change)) = self.best_on_node(node, &unit, bound) {
                     if best.as_ref().is_none_or(|b| cost < b.0) {
@@ -303,6 +321,9 @@ impl Solver {
         }
         let mut best: Option<(Cost, usize, NodeState)> = None;
         for (n, node) in nodes.iter().enumerate() {
+            if pristine.same_as_seen(n, &mut seen) {
+                continue;
+            }
             let mut trial = node.clone();
             let mut total = Cost::default();
             let mut fits = true;

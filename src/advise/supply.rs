@@ -11,8 +11,12 @@ use serde::{Deserialize, Serialize};
 use crate::gpu::{MigMode, ObservedNode};
 use crate::mig::ExistingInstance;
 use crate::plan::plan_for;
-use crate::profile::Profile;
+use crate::profile::{Profile, MAX_GPU_INDEX};
 use crate::sharing::{PlannedMode, PluginKind};
+
+/// The most GPUs a node's `current` may list: a profile selects GPU indices 0 to
+/// [`MAX_GPU_INDEX`], so more could not be configured (`gpus` specs stop at 16).
+pub const MAX_GPUS_PER_NODE: usize = MAX_GPU_INDEX as usize + 1;
 
 /// Every GPU node.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -55,6 +59,13 @@ impl SupplyNode {
     pub fn now(&self, plugin: PluginKind) -> Result<NodeNow, String> {
         let at = |m: String| format!("node {}: {m}", self.name);
         let mut observed = match (&self.current, self.gpus.is_empty()) {
+            (Some(current), true) if current.gpus.len() > MAX_GPUS_PER_NODE => {
+                return Err(at(format!(
+                    "current lists {} GPUs; a node has at most {MAX_GPUS_PER_NODE} (GPU \
+                     indices 0 to {MAX_GPU_INDEX} in a profile)",
+                    current.gpus.len()
+                )))
+            }
             (Some(current), true) => current.clone(),
             (None, false) => ObservedNode::from_gpu_specs(&self.gpus).map_err(at)?,
             (Some(_), false) => {
@@ -148,6 +159,26 @@ mod tests {
         assert_eq!(now.observed.gpus[0].instances.len(), 2);
         assert!(matches!(now.modes[0], PlannedMode::Mig { .. }));
         assert_eq!(now.modes[1], PlannedMode::Exclusive);
+    }
+
+    #[test]
+    fn a_current_state_with_more_gpus_than_a_profile_can_name_is_refused() {
+        let gpu = serde_json::json!({"index": 0, "product": "NVIDIA H100 80GB HBM3"});
+        let many: Vec<_> = (0..65)
+            .map(|i| {
+                let mut g = gpu.clone();
+                g["index"] = i.into();
+                g
+            })
+            .collect();
+        let node: SupplyNode =
+            serde_json::from_value(serde_json::json!({"name": "big", "current": {"gpus": many}}))
+                .unwrap();
+        let e = node.now(PluginKind::Nvidia).unwrap_err();
+        assert!(
+            e.starts_with("node big: current lists 65 GPUs; a node has at most 64"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -66,13 +66,16 @@ pub struct AutopilotArgs {
     pub max_changing_nodes: u32,
 }
 
-/// A round also runs this long after the last one without any change seen (a missed watch
-/// event, a drain slot Lease freed: Leases are not watched).
-const RESYNC: Duration = Duration::from_secs(60);
+/// `--debounce-seconds` at most: an hour of quiet before acting is already no autopilot.
+pub const MAX_DEBOUNCE_SECONDS: f64 = 3600.0;
+/// `--lease-duration-seconds` bounds: renewed every third of it; 0 would be a Lease that has
+/// always lapsed, and over an hour a dead leader holds the fleet up longer than a rollout
+/// takes. The Lease's `leaseDurationSeconds` is an int32: an unbounded flag would wrap to a
+/// negative duration that every other replica reads as lapsed (two leaders).
+pub const LEASE_SECONDS: std::ops::RangeInclusive<u64> = 1..=3600;
 
-/// Run until SIGTERM/SIGINT (then give the Lease back) or until leadership is lost (an error:
-/// the Deployment restarts the process, which then waits for the Lease).
-pub async fn run(args: AutopilotArgs) -> anyhow::Result<()> {
+/// Refuse flags outside their bounds (docs/autopilot.md, "Bounds"), each naming the flag.
+pub fn check_args(args: &AutopilotArgs) -> anyhow::Result<()> {
     // advise sizes device-plugin resources; DRA nodes publish devices, not resources.
     if args.plugin == PluginKind::Dra {
         anyhow::bail!(
@@ -80,12 +83,31 @@ pub async fn run(args: AutopilotArgs) -> anyhow::Result<()> {
              plugin only (docs/autopilot.md)"
         );
     }
-    if !(0.0..=3600.0).contains(&args.debounce_seconds) {
+    if !(0.0..=MAX_DEBOUNCE_SECONDS).contains(&args.debounce_seconds) {
         anyhow::bail!(
-            "--debounce-seconds {}: must be between 0 and 3600",
+            "--debounce-seconds {}: must be between 0 and {MAX_DEBOUNCE_SECONDS}",
             args.debounce_seconds
         );
     }
+    if !LEASE_SECONDS.contains(&args.lease_duration_seconds) {
+        anyhow::bail!(
+            "--lease-duration-seconds {}: must be between {} and {}",
+            args.lease_duration_seconds,
+            LEASE_SECONDS.start(),
+            LEASE_SECONDS.end()
+        );
+    }
+    Ok(())
+}
+
+/// A round also runs this long after the last one without any change seen (a missed watch
+/// event, a drain slot Lease freed: Leases are not watched).
+const RESYNC: Duration = Duration::from_secs(60);
+
+/// Run until SIGTERM/SIGINT (then give the Lease back) or until leadership is lost (an error:
+/// the Deployment restarts the process, which then waits for the Lease).
+pub async fn run(args: AutopilotArgs) -> anyhow::Result<()> {
+    check_args(&args)?;
     let config = kube::Config::infer()
         .await
         .context("cannot find the Kubernetes API (in-cluster config or KUBECONFIG)")?;
@@ -102,9 +124,14 @@ pub async fn run(args: AutopilotArgs) -> anyhow::Result<()> {
         &identity,
         Duration::from_secs(args.lease_duration_seconds),
     );
+    // One SIGTERM listener for the whole run: a listener made afresh each loop would miss a
+    // signal that arrives during a round (advise runs off this thread, so the runtime takes
+    // the signal while no listener exists).
+    let shutdown = crate::agent::shutdown_signal();
+    tokio::pin!(shutdown);
     let mut leadership = tokio::select! {
         l = leader.acquire() => l,
-        _ = crate::agent::shutdown_signal() => return Ok(()),
+        _ = &mut shutdown => return Ok(()),
     };
     let changes = Arc::new(Notify::new());
     spawn_watchers(&watch_client, &changes);
@@ -140,7 +167,7 @@ pub async fn run(args: AutopilotArgs) -> anyhow::Result<()> {
         tokio::select! {
             _ = wait_quiet(&changes, debounce) => {}
             why = leadership.lost() => anyhow::bail!("no longer the leader: {why}"),
-            _ = crate::agent::shutdown_signal() => {
+            _ = &mut shutdown => {
                 leadership.release().await;
                 return Ok(());
             }
@@ -222,4 +249,44 @@ fn host_name() -> String {
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "gpu-share-autopilot".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: AutopilotArgs,
+    }
+
+    fn check(flags: &[&str]) -> Result<(), String> {
+        let cli = Cli::try_parse_from(std::iter::once("autopilot").chain(flags.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        check_args(&cli.args).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn flags_outside_their_bounds_are_refused_naming_the_flag() {
+        assert_eq!(check(&["--plugin", "nvidia"]), Ok(()));
+        let e = check(&["--lease-duration-seconds", "0"]).unwrap_err();
+        assert_eq!(e, "--lease-duration-seconds 0: must be between 1 and 3600");
+        // An int32 Lease field: 2^32 + 1 would have been written as 1, 2^31 as negative.
+        let e = check(&["--lease-duration-seconds", "2147483648"]).unwrap_err();
+        assert!(
+            e.starts_with("--lease-duration-seconds 2147483648: must be"),
+            "{e}"
+        );
+        let e = check(&["--debounce-seconds", "NaN"]).unwrap_err();
+        assert!(
+            e.starts_with("--debounce-seconds NaN: must be between 0 and 3600"),
+            "{e}"
+        );
+        let e = check(&["--debounce-seconds", "1e9"]).unwrap_err();
+        assert!(e.contains("must be between 0 and 3600"), "{e}");
+        let e = check(&["--plugin", "dra"]).unwrap_err();
+        assert!(e.starts_with("--plugin dra"), "{e}");
+    }
 }

@@ -200,7 +200,7 @@ fn decide_node(
             "{} of {} changing node(s) in use: {}",
             changing.len(),
             input.max_changing,
-            changing.iter().cloned().collect::<Vec<_>>().join(", ")
+            first_names(changing, SHOWN_NAMES)
         );
         return decision;
     }
@@ -225,6 +225,21 @@ fn decide_node(
         decision.reason = summary;
     }
     decision
+}
+
+/// How many node names a reason lists: every waiting node's reason names the changing ones,
+/// and a fleet can have thousands, so the status document and the log stay linear in nodes.
+pub const SHOWN_NAMES: usize = 10;
+
+/// The first `shown` names, then how many more.
+fn first_names(names: &BTreeSet<String>, shown: usize) -> String {
+    let mut text = (names.iter().take(shown).cloned())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > shown {
+        text += &format!(" and {} more", names.len() - shown);
+    }
+    text
 }
 
 /// Why the node needs nothing: its label names the key and the key holds the proposal, or

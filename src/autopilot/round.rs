@@ -94,29 +94,15 @@ impl Round {
         )
         .await
         .context("cannot read pods, nodes or the profiles ConfigMap")?;
-        let mut input = live::from_cluster(&cluster, s.plugin);
-        let mut left_out = std::mem::take(&mut input.skipped);
-        left_out.extend(drop_unservable_pods(&mut input.demand));
-        let advice = advise::advise(&input.demand, &input.supply, s.plugin)
-            .map_err(|errors| anyhow::anyhow!("advise refused its input: {}", errors.join("; ")))?;
-        let pending = input
-            .demand
-            .pods
-            .iter()
-            .filter(|p| p.phase == Phase::Pending)
-            .map(|p| p.id())
-            .collect();
-        Ok(Observed {
-            equivalent: equivalent_nodes(&input.supply, &advice, s.plugin),
-            nodes: node_views(&cluster),
-            pdbs: self.budgets().await?,
-            drain_holders: self.drain_holders().await?,
-            pod_labels: pod_labels(&cluster),
-            pending,
-            left_out,
-            advice,
-            cluster,
-        })
+        let pdbs = self.budgets().await?;
+        let drain_holders = self.drain_holders().await?;
+        let plugin = s.plugin;
+        // Advising is CPU work, seconds for thousands of nodes and pending pods
+        // (docs/autopilot.md, "Bounds"). The runtime has one thread: run there, it would stop
+        // the Lease renewal, and a round longer than the Lease would let a second replica lead.
+        tokio::task::spawn_blocking(move || advised(cluster, plugin, pdbs, drain_holders))
+            .await
+            .context("the advise task failed")?
     }
 
     fn decide(&self, seen: &Observed) -> Vec<Decision> {
@@ -150,10 +136,11 @@ impl Round {
     /// Events on the nodes, then the status ConfigMap.
     async fn publish(&self, seen: &Observed, decisions: &[Decision]) -> anyhow::Result<Status> {
         let s = &self.settings;
+        let by_name: BTreeMap<&str, &Node> = (seen.cluster.nodes.iter())
+            .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
+            .collect();
         for decision in decisions {
-            let node = (seen.cluster.nodes.iter())
-                .find(|n| n.metadata.name.as_deref() == Some(&decision.node));
-            if let Some(node) = node {
+            if let Some(node) = by_name.get(decision.node.as_str()) {
                 publish::event(&self.recorder, node, decision).await;
             }
             if decision.action != Action::Unchanged {
@@ -244,6 +231,9 @@ impl Round {
                 .filter(|d| d.action == Action::Applied)
                 .map(|d| d.node.clone()),
         );
+        let advice: BTreeMap<&str, &advise::NodeAdvice> = (seen.advice.nodes.iter())
+            .map(|a| (a.node.as_str(), a))
+            .collect();
         Status {
             updated: Timestamp::now().to_string(),
             identity: s.identity.clone(),
@@ -252,15 +242,45 @@ impl Round {
             changing_nodes: changing.into_iter().collect(),
             unschedulable: seen.advice.unschedulable.clone(),
             skipped: seen.left_out.clone(),
+            truncated: None,
             nodes: decisions
                 .iter()
-                .filter_map(|d| {
-                    let a = seen.advice.nodes.iter().find(|a| a.node == d.node)?;
-                    Some(NodeStatus::new(d, a))
-                })
+                .filter_map(|d| Some(NodeStatus::new(d, advice.get(d.node.as_str())?)))
                 .collect(),
         }
     }
+}
+
+/// What a round saw, advised: the pure part of [`Round::observe`].
+fn advised(
+    cluster: Cluster,
+    plugin: PluginKind,
+    pdbs: Vec<Budget>,
+    drain_holders: BTreeSet<String>,
+) -> anyhow::Result<Observed> {
+    let mut input = live::from_cluster(&cluster, plugin);
+    let mut left_out = std::mem::take(&mut input.skipped);
+    left_out.extend(drop_unservable_pods(&mut input.demand));
+    let advice = advise::advise(&input.demand, &input.supply, plugin)
+        .map_err(|errors| anyhow::anyhow!("advise refused its input: {}", errors.join("; ")))?;
+    let pending = input
+        .demand
+        .pods
+        .iter()
+        .filter(|p| p.phase == Phase::Pending)
+        .map(|p| p.id())
+        .collect();
+    Ok(Observed {
+        equivalent: equivalent_nodes(&input.supply, &advice, plugin),
+        nodes: node_views(&cluster),
+        pdbs,
+        drain_holders,
+        pod_labels: pod_labels(&cluster),
+        pending,
+        left_out,
+        advice,
+        cluster,
+    })
 }
 
 /// Nodes whose current profile configures the GPUs as the proposal would: no instance created
@@ -272,12 +292,15 @@ fn equivalent_nodes(
     advice: &advise::Advice,
     plugin: PluginKind,
 ) -> BTreeSet<String> {
+    let proposals: BTreeMap<&str, &advise::NodeAdvice> = (advice.nodes.iter())
+        .map(|a| (a.node.as_str(), a))
+        .collect();
     let mut out = BTreeSet::new();
     for node in &supply.nodes {
         let (Some(name), Some(profile)) = (&node.profile_name, &node.profile) else {
             continue;
         };
-        let Some(proposal) = advice.nodes.iter().find(|a| a.node == node.name) else {
+        let Some(proposal) = proposals.get(node.name.as_str()) else {
             continue;
         };
         if proposal.instances_created + proposal.instances_destroyed + proposal.mig_mode_changes > 0

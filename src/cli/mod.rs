@@ -560,16 +560,14 @@ fn run_plan(args: &PlanArgs) -> Result<ExitCode> {
 
 /// Exit 0 when every pod is served, 1 when some are unschedulable or the input is refused.
 fn run_advise(args: &AdviseArgs) -> Result<ExitCode> {
-    let read = |path: &Path| {
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
-    };
+    fn read<T: serde::de::DeserializeOwned>(what: &str, path: &Path) -> Result<T> {
+        let text = advise::read_input(what, path).map_err(anyhow::Error::msg)?;
+        advise::parse(what, &text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    }
     let (demand, supply) = match (&args.demand, &args.supply) {
-        (Some(demand), Some(supply)) if !args.live => (
-            advise::parse("demand", &read(demand)?)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", demand.display()))?,
-            advise::parse("supply", &read(supply)?)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", supply.display()))?,
-        ),
+        (Some(demand), Some(supply)) if !args.live => {
+            (read("demand", demand)?, read("supply", supply)?)
+        }
         _ => read_live(args)?,
     };
     let advice = match advise::advise(&demand, &supply, args.plugin) {

@@ -19,7 +19,7 @@ use nvml_wrapper::{Device, Nvml};
 use serde::{Deserialize, Serialize};
 
 use crate::mig::{catalog, ExistingInstance, GpuInstanceProfile, GpuModel, Placement};
-pub use observed::{MigDevice, MigMode, ObservedGpu, ObservedNode};
+pub use observed::{MigDevice, MigMode, ObservedGpu, ObservedNode, MAX_SIMULATED_GPUS};
 pub use raw::NvmlCallError;
 
 /// `NVML_GPU_INSTANCE_PROFILE_COUNT` in the NVML 13 header nvml-wrapper-sys 0.10 binds.

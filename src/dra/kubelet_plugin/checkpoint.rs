@@ -17,6 +17,13 @@ use super::api::dra::Device;
 /// The file's name in the plugin directory.
 pub const FILE: &str = "checkpoint.json";
 
+/// The most bytes a checkpoint may hold. Each prepared claim takes one entry of at most
+/// [`super::claim::MAX_ALLOCATION_RESULTS`] devices (well under 16 KiB), and a node publishes
+/// at most 64 GPUs × 1,024 time-slicing replicas = 65,536 devices, each allocatable to one
+/// claim: 64 MiB holds that many single-device claims. A larger file (corrupt, or not ours) is
+/// refused unread rather than loaded into memory.
+pub const MAX_CHECKPOINT_BYTES: u64 = 64 * 1024 * 1024;
+
 /// Every claim this plugin has prepared or started preparing, by claim UID.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -69,7 +76,13 @@ impl Checkpoint {
     /// The checkpoint in `path`; empty when there is none yet. An unreadable file is an error
     /// naming it: starting empty would forget prepared claims and delete their CDI specs.
     pub fn load(path: &Path) -> Result<Checkpoint, String> {
-        match std::fs::read(path) {
+        match read_bounded(path) {
+            Ok(bytes) if bytes.len() as u64 > MAX_CHECKPOINT_BYTES => Err(format!(
+                "the DRA checkpoint {} is over {MAX_CHECKPOINT_BYTES} bytes, more than the \
+                 claims a node can hold; move it away to start afresh (prepared claims' CDI \
+                 specs are then removed)",
+                path.display()
+            )),
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
                 format!(
                     "the DRA checkpoint {} is unreadable ({e}); move it away to start afresh (prepared claims' CDI specs are then removed)",
@@ -96,6 +109,17 @@ impl Checkpoint {
             .filter(|c| c.state == ClaimState::Prepared)
             .map(|c| c.devices.as_slice())
     }
+}
+
+/// The file's bytes, reading at most one byte past [`MAX_CHECKPOINT_BYTES`] (the file may be
+/// growing, or a device: its reported size is not trusted).
+fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_CHECKPOINT_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 #[cfg(test)]
@@ -127,6 +151,17 @@ mod tests {
         assert_eq!(back, c);
         assert_eq!(back.prepared("uid-1").unwrap()[0].device_name, "gpu-0");
         assert!(back.prepared("uid-2").is_none());
+        std::fs::write(&path, "{not json").unwrap();
+        let e = Checkpoint::load(&path).unwrap_err();
+        assert!(e.contains("checkpoint.json is unreadable"), "{e}");
+        // Over the bound: refused by size, with at most the bound (and a byte) read.
+        let file = std::fs::File::create(&path).unwrap();
+        file.set_len(MAX_CHECKPOINT_BYTES + 4096).unwrap();
+        let e = Checkpoint::load(&path).unwrap_err();
+        assert!(e.contains("checkpoint.json is over 67108864 bytes"), "{e}");
+        // A device that never ends is read to the bound, not for ever.
+        let e = Checkpoint::load(Path::new("/dev/zero")).unwrap_err();
+        assert!(e.contains("is over 67108864 bytes"), "{e}");
         std::fs::write(&path, "{not json").unwrap();
         let e = Checkpoint::load(&path).unwrap_err();
         assert!(e.contains("checkpoint.json is unreadable"), "{e}");

@@ -21,6 +21,12 @@ pub fn resource() -> ApiResource {
     }
 }
 
+/// The most devices one claim's allocation holds: resource.k8s.io/v1
+/// `AllocationResultsMaxSize` ("the maximum number of entries in allocation.devices.results",
+/// kubernetes staging/src/k8s.io/api/resource/v1/types.go). The API server refuses more, so a
+/// claim with more did not come from it; refused before any device is looked up.
+pub const MAX_ALLOCATION_RESULTS: usize = 32;
+
 /// One device the scheduler allocated to the claim from this driver.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct AllocatedDevice {
@@ -92,6 +98,13 @@ pub fn allocated_devices(
         .devices
         .unwrap_or_default()
         .results;
+    if results.len() > MAX_ALLOCATION_RESULTS {
+        return Err(format!(
+            "{shown}: {} allocated devices, over the API's {MAX_ALLOCATION_RESULTS} per claim \
+             (allocation.devices.results)",
+            results.len()
+        ));
+    }
     let ours: Vec<AllocatedDevice> = results.into_iter().filter(|r| r.driver == driver).collect();
     if let Some(other) = ours.iter().find(|r| r.pool != pool) {
         return Err(format!(
@@ -125,6 +138,31 @@ mod tests {
         let e = allocated_devices(&c, "gpu.gpu-share.dev", "node-b").unwrap_err();
         assert!(e.contains("ResourceClaim ns/c: device gpu-0"), "{e}");
         assert!(e.contains("not this node's (\"node-b\")"), "{e}");
+    }
+
+    #[test]
+    fn a_claim_with_more_results_than_the_api_allows_is_refused_by_name() {
+        let results = |n: usize| -> Vec<serde_json::Value> {
+            (0..n)
+                .map(|i| {
+                    json!({"request": "gpu", "driver": "gpu.gpu-share.dev",
+                                "pool": "node-a", "device": format!("gpu-{i}")})
+                })
+                .collect()
+        };
+        let most = claim(json!({"allocation": {"devices": {"results": results(32)}}}));
+        assert_eq!(
+            allocated_devices(&most, "gpu.gpu-share.dev", "node-a")
+                .unwrap()
+                .len(),
+            32
+        );
+        let over = claim(json!({"allocation": {"devices": {"results": results(33)}}}));
+        let e = allocated_devices(&over, "gpu.gpu-share.dev", "node-a").unwrap_err();
+        assert_eq!(
+            e,
+            "ResourceClaim ns/c: 33 allocated devices, over the API's 32 per claim (allocation.devices.results)"
+        );
     }
 
     #[test]
