@@ -251,7 +251,12 @@ fn runs_it_already(
     key_matches: bool,
     equivalent: bool,
 ) -> Option<String> {
-    let label = view.profile.as_deref()?;
+    let Some(label) = view.profile.as_deref() else {
+        return equivalent.then(|| {
+            "has no profile, and the proposal leaves its GPUs whole and unshared as they are"
+                .to_string()
+        });
+    };
     if label == advice.profile_key && key_matches {
         if view.state.as_deref() == Some("failed") {
             return Some(format!(

@@ -321,3 +321,19 @@ fn nodes_placing_pending_pods_go_before_idle_ones() {
         [("n1", Action::WaitingBudget), ("n2", Action::Applied)]
     );
 }
+
+/// A node without a profile that the round finds equivalent (idle, GPUs whole, the proposal
+/// leaves them whole) is not labelled: before, `runs_it_already` needed a label, so every idle
+/// opted-in node was relabelled to an all-exclusive `advised-<node>` for nothing.
+#[test]
+fn an_unlabelled_node_the_proposal_leaves_as_it_is_is_not_labelled() {
+    let mut world = World::two_fresh_nodes();
+    world.equivalent.insert("n1".into());
+    let d = world.decide();
+    assert_eq!(
+        actions(&d),
+        [("n1", Action::Unchanged), ("n2", Action::Applied)]
+    );
+    assert!(!d[0].write_key && !d[0].set_label, "{:?}", d[0]);
+    assert!(d[0].reason.contains("has no profile"), "{}", d[0].reason);
+}

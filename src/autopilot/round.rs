@@ -23,7 +23,7 @@ use crate::advise::{self, Phase};
 use crate::agent::lease::SLOT_PREFIX;
 use crate::agent::node::{annotation, label, APPLIED_HASH_ANNOTATION, PROFILE_LABEL, STATE_LABEL};
 use crate::plan::plan_for;
-use crate::sharing::PluginKind;
+use crate::sharing::{PlannedMode, PluginKind};
 
 /// The opt-in label: only nodes with it are supply the autopilot may change.
 pub const OPT_IN_LABEL: &str = "gpu-share.dev/autopilot";
@@ -287,20 +287,17 @@ fn advised(
 /// or destroyed, no MIG mode change, the same mode per GPU (instances, replicas, MPS settings)
 /// and the same advertised resources. Relabelling them would change nothing but the label (and
 /// make the agent re-apply), so a hand-written profile that already serves the demand stays.
+/// A node without a profile whose GPUs are whole and unshared is equivalent to a proposal that
+/// leaves every GPU whole and unshared (what advise proposes for an idle node): without a label
+/// the agent writes nothing and the device plugin advertises whole GPUs, as that proposal would.
 fn equivalent_nodes(
     supply: &advise::Supply,
     advice: &advise::Advice,
     plugin: PluginKind,
 ) -> BTreeSet<String> {
-    let proposals: BTreeMap<&str, &advise::NodeAdvice> = (advice.nodes.iter())
-        .map(|a| (a.node.as_str(), a))
-        .collect();
     let mut out = BTreeSet::new();
     for node in &supply.nodes {
-        let (Some(name), Some(profile)) = (&node.profile_name, &node.profile) else {
-            continue;
-        };
-        let Some(proposal) = proposals.get(node.name.as_str()) else {
+        let Some(proposal) = advice.nodes.iter().find(|a| a.node == node.name) else {
             continue;
         };
         if proposal.instances_created + proposal.instances_destroyed + proposal.mig_mode_changes > 0
@@ -308,20 +305,30 @@ fn equivalent_nodes(
             continue;
         }
         let Ok(now) = node.now(plugin) else { continue };
-        let current = plan_for(name, profile, &now.observed, plugin);
-        let proposed = plan_for(
+        let Ok(proposed) = plan_for(
             &proposal.profile_key,
             &proposal.profile,
             &now.observed,
             plugin,
-        );
-        if let (Ok(current), Ok(proposed)) = (current, proposed) {
-            let modes = |p: &crate::plan::NodePlan| -> Vec<_> {
-                p.gpus.iter().map(|g| g.mode.clone()).collect()
-            };
-            if modes(&current) == modes(&proposed) && current.resources == proposed.resources {
-                out.insert(node.name.clone());
+        ) else {
+            continue;
+        };
+        let modes = |p: &crate::plan::NodePlan| -> Vec<_> {
+            p.gpus.iter().map(|g| g.mode.clone()).collect()
+        };
+        let same = match (&node.profile_name, &node.profile) {
+            (Some(name), Some(profile)) => plan_for(name, profile, &now.observed, plugin)
+                .is_ok_and(|current| {
+                    modes(&current) == modes(&proposed) && current.resources == proposed.resources
+                }),
+            (None, None) => {
+                let whole = |m: &PlannedMode| *m == PlannedMode::Exclusive;
+                now.modes.iter().all(whole) && proposed.gpus.iter().all(|g| whole(&g.mode))
             }
+            _ => false,
+        };
+        if same {
+            out.insert(node.name.clone());
         }
     }
     out
@@ -387,5 +394,32 @@ fn budget(pdb: &PodDisruptionBudget) -> Budget {
         name: pdb.metadata.name.clone().unwrap_or_default(),
         selector,
         disruptions_allowed: pdb.status.as_ref().map_or(0, |s| s.disruptions_allowed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::equivalent_nodes;
+    use crate::advise::{self, parse, Demand, Supply};
+    use crate::sharing::PluginKind;
+
+    fn equivalent(demand: &str) -> Vec<String> {
+        let supply: Supply =
+            parse("supply", "nodes: [{name: idle, gpus: [h100x2]}]").expect("supply");
+        let demand: Demand = parse("demand", demand).expect("demand");
+        let advice = advise::advise(&demand, &supply, PluginKind::Nvidia).expect("advice");
+        equivalent_nodes(&supply, &advice, PluginKind::Nvidia)
+            .into_iter()
+            .collect()
+    }
+
+    /// An idle node without a profile: advise proposes every GPU whole and exclusive, which is
+    /// what the node does without a label, so it is equivalent; a pending MIG pod makes the
+    /// proposal turn MIG on, which is a change.
+    #[test]
+    fn an_idle_unlabelled_node_is_equivalent_to_an_all_exclusive_proposal() {
+        assert_eq!(equivalent("pods: []"), ["idle"]);
+        let mig_pod = "pods: [{name: p, phase: pending, requests: {nvidia.com/mig-1g.10gb: 1}}]";
+        assert!(equivalent(mig_pod).is_empty());
     }
 }
