@@ -238,18 +238,10 @@ impl World {
     }
 }
 
-/// The fake `libnvidia-ml.so` cargo built with this binary: a dependency's cdylib lands in
-/// `deps/` beside it (only a library built on its own is copied up next to the binary, and
-/// that copy may be stale), so `deps/` comes first.
+/// The fake `libnvidia-ml.so` cargo built with this binary (in the `deps/` beside it: only a
+/// library built on its own is copied up next to the binary, and that copy may be stale).
 fn fake_nvml_library() -> PathBuf {
-    if std::env::var_os("FAKE_NVML_LIB").is_some() {
-        return nvidia_ml::cdylib_path();
-    }
-    let built_with_us = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.join("deps").join(nvidia_ml::LIB_FILE)))
-        .filter(|p| p.is_file());
-    built_with_us.unwrap_or_else(nvidia_ml::cdylib_path)
+    nvidia_ml::cdylib_path()
 }
 
 /// Follow the Node's state label and reason annotation with a watch (not polling: a state the

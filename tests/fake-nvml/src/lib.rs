@@ -33,16 +33,18 @@ pub const LIB_FILE: &str = "libnvidia_ml.so";
 /// the directories above the running executable. A test binary lives in `target/<profile>/deps/`,
 /// and that is where `cargo test` (re)builds the library when this crate is a dependency of the
 /// test; `target/<profile>/libnvidia_ml.so` is only refreshed by `cargo build -p fake-nvml`, so
-/// `deps/` is searched first. Panics if none is found: every caller is a test that needs it.
+/// `deps/` is searched first. A binary (the demo) lives in `target/<profile>/`, its dependency's
+/// library in the `deps/` beside it, which comes first for it. Panics if none is found: every
+/// caller is a test or the demo, which need it.
 pub fn cdylib_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FAKE_NVML_LIB") {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().expect("current_exe");
-    exe.ancestors()
-        .skip(1)
-        .take(3)
-        .map(|d| d.join(LIB_FILE))
+    let beside_a_binary = exe.parent().map(|d| d.join("deps").join(LIB_FILE));
+    beside_a_binary
+        .into_iter()
+        .chain(exe.ancestors().skip(1).take(3).map(|d| d.join(LIB_FILE)))
         .find(|p| p.is_file())
         .unwrap_or_else(|| {
             panic!(
