@@ -1,16 +1,14 @@
 //! One `DevicePlugin` gRPC endpoint per advertised resource, on a Unix socket in the kubelet's
 //! device-plugins directory, and the `Register` call that tells the kubelet about it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use tokio::net::UnixListener;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use tokio_stream::wrappers::{UnixListenerStream, WatchStream};
+use tokio_stream::wrappers::WatchStream;
 use tonic::{Request, Response, Status};
 use tracing::{debug, warn};
 
@@ -19,6 +17,7 @@ use super::api::registration_client::RegistrationClient;
 use super::api::{self, Empty};
 use super::cdi::DeviceListing;
 use super::inventory::ResourceDevices;
+use crate::kubelet::serving::Serving;
 
 /// The kubelet's registration socket, in the device-plugins directory.
 pub const KUBELET_SOCKET: &str = "kubelet.sock";
@@ -126,11 +125,7 @@ impl DevicePlugin for ResourcePlugin {
 }
 
 /// A running endpoint: its socket and server task.
-pub struct Endpoint {
-    pub socket: PathBuf,
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
-}
+pub struct Endpoint(Serving);
 
 impl Endpoint {
     /// Listen on `socket` (replacing a stale file) and serve `devices` there.
@@ -139,50 +134,22 @@ impl Endpoint {
         devices: watch::Receiver<Arc<ResourceDevices>>,
         listing: Arc<DeviceListing>,
     ) -> std::io::Result<Endpoint> {
-        match std::fs::remove_file(socket) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        let listener = UnixListener::bind(socket)?;
-        let (stop, stopped) = watch::channel(false);
-        let service = ResourcePlugin {
-            devices,
-            listing,
-            stopped: stopped.clone(),
-        };
-        let mut shutdown = stopped;
-        let path = socket.to_path_buf();
-        let task = tokio::spawn(async move {
-            let result = tonic::transport::Server::builder()
-                .add_service(DevicePluginServer::new(service))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                    let _ = shutdown.wait_for(|s| *s).await;
-                })
-                .await;
-            if let Err(e) = result {
-                warn!(socket = %path.display(), error = %e, "device-plugin endpoint failed");
-            }
-        });
-        Ok(Endpoint {
-            socket: socket.to_path_buf(),
-            stop,
-            task,
-        })
+        let serving = Serving::start(socket, "device-plugin endpoint", |stopped| {
+            tonic::transport::Server::builder().add_service(DevicePluginServer::new(
+                ResourcePlugin {
+                    devices,
+                    listing,
+                    stopped,
+                },
+            ))
+        })?;
+        Ok(Endpoint(serving))
     }
 
     /// Stop serving: open streams end, the server shuts down (or is cut off after a second),
     /// and the socket file is removed.
     pub async fn stop(self) {
-        self.stop.send_replace(true);
-        let mut task = self.task;
-        if tokio::time::timeout(Duration::from_secs(1), &mut task)
-            .await
-            .is_err()
-        {
-            task.abort();
-        }
-        let _ = std::fs::remove_file(&self.socket);
+        self.0.stop().await;
     }
 }
 

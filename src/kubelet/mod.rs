@@ -1,10 +1,12 @@
 //! What the kubelet exposes on the node itself: its local gRPC APIs, on Unix sockets under
 //! `/var/lib/kubelet` (device-plugin registration, spoken by [`crate::builtin_plugin`], and
 //! [`pod_resources`], which says which pod holds which device), and the pod cgroups it lays out
-//! ([`cgroup`], which says which pod a process belongs to).
+//! ([`cgroup`], which says which pod a process belongs to). [`serving`] is the server side of
+//! those sockets for the endpoints gpu-share serves to the kubelet.
 
 pub mod cgroup;
 pub mod pod_resources;
+pub mod serving;
 
 use std::path::PathBuf;
 

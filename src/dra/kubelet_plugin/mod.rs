@@ -18,7 +18,6 @@ pub mod claim;
 pub mod devices;
 pub mod registration;
 pub mod service;
-mod socket;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,11 +27,11 @@ use tokio::sync::{watch, Mutex};
 use crate::builtin_plugin::{DeviceListing, Inventory};
 use crate::dra::api::ResourceSlice;
 use crate::dra::DRIVER;
+use crate::kubelet::serving::Serving;
 use api::dra::dra_plugin_server::DraPluginServer;
 use api::registration::registration_server::RegistrationServer;
 use registration::RegistrationService;
 use service::{DraService, Preparer};
-use socket::Serving;
 
 /// The kubelet's plugin-registration directory, watched by its plugin manager.
 pub const DEFAULT_REGISTRATION_DIR: &str = "/var/lib/kubelet/plugins_registry";
@@ -94,20 +93,28 @@ impl KubeletPlugin {
             checkpoint: Mutex::default(),
         }
         .recover()?;
-        let router = tonic::transport::Server::builder()
-            .add_service(DraPluginServer::new(DraService(Arc::new(preparer))));
-        let dra = Serving::start(&dra_socket, router)
-            .map_err(|e| format!("cannot serve {}: {e}", dra_socket.display()))?;
+        let cannot_serve = |socket: &std::path::Path, e: std::io::Error| {
+            format!("cannot serve {}: {e}", socket.display())
+        };
+        for dir in [&settings.plugin_dir, &settings.registration_dir] {
+            std::fs::create_dir_all(dir).map_err(|e| cannot_serve(dir, e))?;
+        }
+        let dra = Serving::start(&dra_socket, "DRA plugin endpoint", |_| {
+            tonic::transport::Server::builder()
+                .add_service(DraPluginServer::new(DraService(Arc::new(preparer))))
+        })
+        .map_err(|e| cannot_serve(&dra_socket, e))?;
         let registration_service =
             RegistrationService::new(DRIVER, &dra_socket.display().to_string());
         let reg_socket = settings.registration_dir.join(registration_socket_name());
-        let router = tonic::transport::Server::builder()
-            .add_service(RegistrationServer::new(registration_service.clone()));
-        let registration = match Serving::start(&reg_socket, router) {
+        let registration = match Serving::start(&reg_socket, "DRA registration endpoint", |_| {
+            tonic::transport::Server::builder()
+                .add_service(RegistrationServer::new(registration_service.clone()))
+        }) {
             Ok(serving) => serving,
             Err(e) => {
                 let _ = std::fs::remove_file(&dra_socket);
-                return Err(format!("cannot serve {}: {e}", reg_socket.display()));
+                return Err(cannot_serve(&reg_socket, e));
             }
         };
         Ok(KubeletPlugin {

@@ -1,5 +1,6 @@
 //! A gRPC server on a Unix socket that can be stopped, its socket file removed: the shape of
-//! both of the kubelet plugin's endpoints (registration and DRA).
+//! every endpoint gpu-share serves to the kubelet (the built-in device plugin's per-resource
+//! endpoints, the DRA plugin's registration and DRA sockets).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -19,29 +20,34 @@ pub struct Serving {
 }
 
 impl Serving {
-    /// Listen on `socket` (its directory created, a stale file replaced) and serve `router`.
-    pub fn start(socket: &Path, router: Router) -> std::io::Result<Serving> {
-        if let Some(dir) = socket.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
+    /// Listen on `socket` (a stale file replaced) and serve the router `make_router` builds;
+    /// it is given the receiver that turns true when [`Serving::stop`] is called, so services
+    /// can end their open streams. `what` names the endpoint in the log if the server fails.
+    pub fn start(
+        socket: &Path,
+        what: &'static str,
+        make_router: impl FnOnce(watch::Receiver<bool>) -> Router,
+    ) -> std::io::Result<Serving> {
         match std::fs::remove_file(socket) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
         let listener = UnixListener::bind(socket)?;
-        let (stop, mut stopped) = watch::channel(false);
+        let (stop, stopped) = watch::channel(false);
+        let router = make_router(stopped.clone());
+        let mut shutdown = stopped;
         let path = socket.to_path_buf();
         let task = tokio::spawn(async move {
             let incoming = UnixListenerStream::new(listener);
             let shutdown = async move {
-                let _ = stopped.wait_for(|s| *s).await;
+                let _ = shutdown.wait_for(|s| *s).await;
             };
             if let Err(e) = router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await
             {
-                warn!(socket = %path.display(), error = %e, "kubelet plugin endpoint failed");
+                warn!(socket = %path.display(), error = %e, "{what} failed");
             }
         });
         Ok(Serving {
@@ -51,8 +57,8 @@ impl Serving {
         })
     }
 
-    /// Stop serving (cut off after a second if a call hangs) and remove the socket file, so
-    /// the kubelet does not dial a dead one.
+    /// Stop serving: open streams end, the server shuts down (or is cut off after a second if
+    /// a call hangs), and the socket file is removed, so the kubelet does not dial a dead one.
     pub async fn stop(self) {
         self.stop.send_replace(true);
         let mut task = self.task;
