@@ -34,8 +34,8 @@ use crate::apply::{apply_with_inventory, check_state_dir, ApplyError, ApplyOptio
 use crate::builtin_plugin::{Inventory, PluginManager};
 use crate::gpu::{Gpus, SharedGpus};
 use crate::kubelet::pod_resources::holders_of;
-use crate::plan::{plan_for, steps, ObservedNode, Step};
-use crate::profile::{parse_profile, Problem, Profile};
+use crate::plan::{plan_for, steps, NodePlan, ObservedNode, Step};
+use crate::profile::{parse_profile, PluginOptions, Problem, Profile};
 
 /// How long the kubelet's PodResources `List` may take before the drain goes on without it.
 pub(super) const KUBELET_TIMEOUT: Duration = Duration::from_secs(10);
@@ -509,30 +509,33 @@ impl Reconciler {
         }
         if let Some(plugins) = &self.plugins {
             self.refresh_cdi(!report.steps.is_empty()).await?;
-            // Advertise what was just applied, with the device UUIDs NVML now shows.
-            let observed = self.observe().await.map_err(|e| failed("GpuError", e))?;
-            let inventory = Inventory::from_plan(
-                &report.plan,
-                &observed,
-                &plugin_options,
-                &self.apply.mps.root,
-            );
+            let (inventory, _) = self
+                .applied_inventory(&report.plan, &plugin_options)
+                .await?;
             plugins.update(inventory).await;
         }
         if let Some(devices) = &self.dra_devices {
             // The kubelet DRA plugin learns the applied devices before their slices are
             // published: the scheduler may allocate a new device as soon as it sees it.
-            let observed = self.observe().await.map_err(|e| failed("GpuError", e))?;
-            let inventory = Inventory::from_plan(
-                &report.plan,
-                &observed,
-                &plugin_options,
-                &self.apply.mps.root,
-            );
+            let (inventory, observed) = self
+                .applied_inventory(&report.plan, &plugin_options)
+                .await?;
             devices.send_replace(std::sync::Arc::new(inventory));
             return self.publish_slices(&report.plan, &observed).await;
         }
         Ok(())
+    }
+
+    /// The devices of what was just applied, with the device UUIDs NVML now shows (MIG devices
+    /// just created included), for whichever plugin advertises them, and that observation.
+    async fn applied_inventory(
+        &self,
+        plan: &NodePlan,
+        plugin_options: &PluginOptions,
+    ) -> Result<(Inventory, ObservedNode), Outcome> {
+        let observed = self.observe().await.map_err(|e| failed("GpuError", e))?;
+        let inventory = Inventory::from_plan(plan, &observed, plugin_options, &self.apply.mps.root);
+        Ok((inventory, observed))
     }
 
     /// Run the CDI refresh command when one is configured and owed (after a MIG change, or
