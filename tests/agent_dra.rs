@@ -146,19 +146,6 @@ fn dra_node(api: &Arc<KubeDouble>, name: &str, model: &str) -> AgentNode {
     node
 }
 
-fn slice_writes(api: &KubeDouble) -> usize {
-    api.requests()
-        .iter()
-        .filter(|r| r.resource == "resourceslices")
-        .filter(|r| {
-            matches!(
-                r.verb,
-                Verb::Create | Verb::Update | Verb::Patch | Verb::Delete
-            )
-        })
-        .count()
-}
-
 #[test]
 fn every_example_profile_is_published_somewhere() {
     let mut files = BTreeSet::new();
@@ -312,7 +299,7 @@ fn an_unchanged_pool_is_not_rewritten_and_a_restart_keeps_the_generation() {
     api.clear_requests();
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(
-        slice_writes(&api),
+        api.writes_to("resourceslices"),
         0,
         "resyncs of an unchanged pool write nothing"
     );
@@ -333,7 +320,7 @@ fn an_unchanged_pool_is_not_rewritten_and_a_restart_keeps_the_generation() {
     );
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(
-        slice_writes(&api),
+        api.writes_to("resourceslices"),
         0,
         "a restart with the same profile writes nothing"
     );

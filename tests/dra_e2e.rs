@@ -396,21 +396,6 @@ fn claims_round_trip_through_the_agent_and_kept_devices_stay_prepared() {
     });
 }
 
-/// Writes of ResourceSlices the API double received (since its requests were last cleared).
-fn slice_writes(api: &KubeDouble) -> usize {
-    use kube_double::Verb;
-    api.requests()
-        .iter()
-        .filter(|r| r.resource == "resourceslices")
-        .filter(|r| {
-            matches!(
-                r.verb,
-                Verb::Create | Verb::Update | Verb::Patch | Verb::Delete
-            )
-        })
-        .count()
-}
-
 /// An agent killed and started again (an OOM kill, a crash): the prepared claim of a
 /// time-sliced share keeps its spec and the kubelet's next Prepare answers the same, from the
 /// checkpoint; the restarted agent rewrites no slice for the same profile (same generation),
@@ -468,7 +453,11 @@ fn a_restarted_agent_keeps_prepared_claims_and_prepares_new_ones() {
             node.spec_env(&new_uid),
             [format!("NVIDIA_VISIBLE_DEVICES={}", gpu_uuid(5))]
         );
-        assert_eq!(slice_writes(&node.api), 0, "no slice rewritten");
+        assert_eq!(
+            node.api.writes_to("resourceslices"),
+            0,
+            "no slice rewritten"
+        );
         assert_eq!(node.generation(), generation);
         assert_eq!(node.checkpoint().claims.len(), 2);
     });

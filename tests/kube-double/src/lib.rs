@@ -619,6 +619,23 @@ impl KubeDouble {
         self.with(|st| st.requests.clone())
     }
 
+    /// How many writes (create, update, patch, delete) of `resource` (its plural, as in
+    /// [`RequestRecord::resource`]) arrived so far.
+    pub fn writes_to(&self, resource: &str) -> usize {
+        self.with(|st| {
+            st.requests
+                .iter()
+                .filter(|r| r.resource == resource)
+                .filter(|r| {
+                    matches!(
+                        r.verb,
+                        Verb::Create | Verb::Update | Verb::Patch | Verb::Delete
+                    )
+                })
+                .count()
+        })
+    }
+
     pub fn clear_requests(&self) {
         self.with(|st| st.requests.clear());
     }
