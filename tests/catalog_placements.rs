@@ -62,6 +62,10 @@ const QUOTED: &[(&str, &str)] = &[
     ("h100-94gb-nvl", LGIPP_EIGHT_SLOT),
     ("a30-24gb", LGIPP_A30),
     ("rtx-pro-6000-blackwell", LGIPP_RTX_PRO_6000),
+    // Read through NVML (nvmlDeviceGetGpuInstancePossiblePlacements_v2, MIG off) on a real H200,
+    // driver 580.159.04, whose `nvidia-smi mig -lgipp` printed the same list with the same
+    // profile ids: docs/measured/h200-nvml.md.
+    ("h200-141gb", LGIPP_EIGHT_SLOT),
 ];
 
 /// Models whose placements were never quoted: §1.2 says "H200, GH200, H20, B200, GB200: `-lgipp`
@@ -72,7 +76,6 @@ const INFERRED_EIGHT_SLOT: &[&str] = &[
     "a100-80gb",
     "h100-pcie",
     "h100-96gb-gh200",
-    "h200-141gb",
     "h20-96gb",
     "b200-180gb",
     "gb200",
@@ -447,7 +450,7 @@ fn go_nvlib_rule_on_the_reference_examples() {
     // Worked by hand from §1.5's formula: the fractional names where rounding matters.
     assert_eq!(go_nvlib_memory_gb(95830, 10880), 12); // H100 NVL 1g.12gb: 1/8 × 94 = 11.75
     assert_eq!(go_nvlib_memory_gb(143771, 16384), 18); // H200 1g.18gb: 1/8 × 141 = 17.625
-    assert_eq!(go_nvlib_memory_gb(143771, 71168), 71); // H200 3g.71gb: 1/2 × 141 = 70.5
+    assert_eq!(go_nvlib_memory_gb(143771, 71424), 71); // H200 3g.71gb: 1/2 × 141 = 70.5
     assert_eq!(go_nvlib_memory_gb(183359, 20992), 23); // B200 1g.23gb: 1/8 × 180 = 22.5
     assert_eq!(go_nvlib_memory_gb(40960, 4864), 5); // A100 40GB 1g.5gb
 }

@@ -286,6 +286,57 @@ fn catalog_shows_openable_sources_and_marks_unverified_compute_instances() {
     }
 }
 
+/// A real H200 (NVML 580.159.04, MIG off) reported these memorySizeMB through
+/// `nvmlDeviceGetGpuInstanceProfileInfo` (docs/measured/h200-nvml.md); `catalog` must print
+/// them, say they were read through NVML, and say the figures of other models are derived.
+#[test]
+fn catalog_has_the_real_h200_memory_and_says_what_each_figure_rests_on() {
+    let json = json(&gpu_share(&["catalog", "-o", "json"]));
+    let h200 = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["nvml_name"] == "NVIDIA H200")
+        .expect("H200 in the catalog");
+    let memory: Vec<(&str, u64)> = h200["gpu_instance_profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["name"].as_str().unwrap(), p["memory_mib"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        memory,
+        [
+            ("1g.18gb", 16384),
+            ("1g.18gb+me", 16384),
+            ("1g.35gb", 33280),
+            ("2g.35gb", 33280),
+            ("3g.71gb", 71424),
+            ("4g.71gb", 71424),
+            ("7g.141gb", 143360),
+        ]
+    );
+    let text = stdout(&gpu_share(&["catalog"]));
+    let h200 = &text[text.find("h200-141gb  ").unwrap()..];
+    let h200 = &h200[..h200.find("\n    basis:").unwrap()];
+    assert!(!h200.contains("[placements inferred]"), "{h200}");
+    assert!(
+        h200.ends_with("    memory: read through NVML on a real GPU (exact)"),
+        "{h200}"
+    );
+    let h100 = &text[text.find("h100-80gb-sxm  ").unwrap()..];
+    assert!(
+        h100.contains("    memory: derived from nvidia-smi's printed GiB"),
+        "{h100}"
+    );
+    let b200 = &text[text.find("b200-180gb  ").unwrap()..];
+    assert!(
+        b200.contains("a third party's measurement for 3g.90gb, 4g.90gb, 7g.180gb"),
+        "{b200}"
+    );
+    assert!(text.contains("    source: docs/measured/h200-nvml.md\n"), "{text}");
+}
+
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -718,4 +769,63 @@ fn apply_refuses_dra_and_names_the_agent_that_publishes() {
         "{}",
         stderr(&out)
     );
+}
+
+/// `plan` run on a node with neither `--gpu` nor `--current`: it reads the node's own GPUs
+/// through NVML (here the fake library over two H100s with MIG off) and changes nothing.
+#[test]
+fn plan_without_gpu_plans_the_node_it_runs_on_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("node.json");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/simulated-h100x2.json"),
+        &state,
+    )
+    .unwrap();
+    let before = std::fs::read(&state).unwrap();
+    let plan = |output: &str| {
+        Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+            .args(["plan", "--profile", "profiles/h100-balanced.yaml", "-o"])
+            .arg(output)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("GPU_SHARE_NVML_LIB", nvidia_ml::cdylib_path())
+            .env("FAKE_NVML_STATE", &state)
+            .env("FAKE_NVML_LOG", dir.path().join("nvml.log"))
+            .output()
+            .expect("run gpu-share")
+    };
+    let text = plan("text");
+    assert!(text.status.success(), "{}", stderr(&text));
+    let text = stdout(&text);
+    assert!(text.contains("GPU 0  NVIDIA H100 80GB HBM3"), "{text}");
+    assert!(text.contains("GPU 1  NVIDIA H100 80GB HBM3"), "{text}");
+    assert!(!text.contains("GPU 2"), "the node has two GPUs: {text}");
+    assert!(text.contains("enable MIG mode"), "MIG is off on the node: {text}");
+    assert!(!text.contains("simulated"), "these GPUs were read: {text}");
+    let json = json(&plan("json"));
+    assert_eq!(json["gpus"].as_array().map(Vec::len), Some(2), "{json}");
+    assert_eq!(std::fs::read(&state).unwrap(), before, "plan changed the node");
+    let mutations = nvidia_ml::read_log(dir.path().join("nvml.log"));
+    assert!(mutations.is_empty(), "plan called NVML to change: {mutations:?}");
+}
+
+/// Without a driver (no NVML library), `plan` with neither `--gpu` nor `--current` says it
+/// could not read the node and how to plan without one, and exits 2 (it could not run).
+#[test]
+fn plan_without_gpu_on_a_node_without_a_driver_points_at_gpu_and_current() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+        .args(["plan", "--profile", "profiles/h100-inference.yaml"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("GPU_SHARE_NVML_LIB", "/nonexistent/libnvidia-ml.so.1")
+        .output()
+        .expect("run gpu-share");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    for needle in [
+        "cannot load NVML from /nonexistent/libnvidia-ml.so.1",
+        "--gpu MODEL[xN]",
+        "--current FILE",
+    ] {
+        assert!(err.contains(needle), "{needle:?} not in: {err}");
+    }
 }

@@ -143,7 +143,12 @@ impl World {
     /// on a GPU instance, the GPU's UUID otherwise, as the built-in plugin names them. The
     /// agent reads this through PodResources `List` and publishes it on the Node.
     pub fn hand_devices(&self, workloads: &[Workload]) {
-        let observed = node_sim::observe(&self.node.nvml_state());
+        // Read in this process, through NVML as `gpu-share status` reads it: the demo runs
+        // without the `gpu-share` binary beside it (`cargo run -p gpu-share-demo` builds only
+        // this package).
+        let observed = gpu_share::gpu::Gpus::open(Some(&fake_nvml_library()))
+            .and_then(|gpus| gpus.observe())
+            .expect("the simulated node's GPUs, read through the fake NVML");
         for w in workloads {
             let gpu = &observed.gpus[w.gpu];
             let (resource, id) = match w.gi {

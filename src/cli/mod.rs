@@ -280,12 +280,16 @@ struct PlanArgs {
     /// name of a GPU without MIG as NVML reports it (`"NVIDIA GeForce RTX 3090x2"`). A name not
     /// in the catalog is taken as a GPU without MIG, except a short one a typo away from a
     /// catalog model (`h10`), which is refused with the model it may mean. Repeat for mixed
-    /// nodes.
-    #[arg(long, required_unless_present = "current", conflicts_with = "current")]
+    /// nodes. With neither --gpu nor --current, the plan is for this node's own GPUs, read
+    /// through NVML (read-only: nothing is changed).
+    #[arg(long, conflicts_with = "current")]
     gpu: Vec<String>,
     /// An observed node state (YAML or JSON, as `gpu-share status --output json` prints it).
     #[arg(long)]
     current: Option<PathBuf>,
+    /// Without --gpu or --current: the NVML library that reads this node's GPUs.
+    #[command(flatten)]
+    nvml: NvmlArgs,
     /// The device plugin's current config file, to show what would change in it.
     #[arg(long, env = "GPU_SHARE_PLUGIN_CONFIG")]
     plugin_config: Option<PathBuf>,
@@ -525,6 +529,7 @@ fn run_plan(args: &PlanArgs) -> Result<ExitCode> {
     };
     let (node, simulated) = match &args.current {
         Some(path) => (read_observed(path)?, false),
+        None if args.gpu.is_empty() => (observe_this_node(&args.nvml)?, false),
         None => (
             ObservedNode::from_gpu_specs(&args.gpu).map_err(anyhow::Error::msg)?,
             true,
@@ -556,6 +561,21 @@ fn run_plan(args: &PlanArgs) -> Result<ExitCode> {
         }
         Err(problems) => report_problems(args.out.output, &problems),
     }
+}
+
+/// `plan` with neither `--gpu` nor `--current`: the GPUs of the node it runs on, read through
+/// NVML as `status` reads them (nothing is changed). A node without a driver gets the two ways
+/// to plan without one, rather than only NVML's load error.
+fn observe_this_node(nvml: &NvmlArgs) -> Result<ObservedNode> {
+    let observed = Gpus::open(nvml.nvml_lib.as_deref()).and_then(|gpus| gpus.observe());
+    observed.map_err(|e| {
+        anyhow::Error::new(e).context(
+            "plan reads this node's GPUs when neither --gpu nor --current is given, and cannot: \
+             plan for simulated GPUs with --gpu MODEL[xN] (e.g. --gpu h100x8; `gpu-share catalog` \
+             lists the models) or for an observed node with --current FILE \
+             (`gpu-share status -o json` on that node)",
+        )
+    })
 }
 
 /// Exit 0 when every pod is served, 1 when some are unschedulable or the input is refused.

@@ -203,6 +203,7 @@ pub(super) fn catalog(models: &Vec<GpuModel>) -> String {
             );
             let _ = writeln!(out, "      compute instances: {}", compute_instances(p));
         }
+        let _ = writeln!(out, "    memory: {}", memory_sources(m));
         let _ = writeln!(out, "    basis: {}", m.basis);
         for source in &m.sources {
             let _ = writeln!(out, "    source: {source}");
@@ -213,6 +214,38 @@ pub(super) fn catalog(models: &Vec<GpuModel>) -> String {
          (nvidia-smi's default), ? = not seen in real nvidia-smi mig -lcip output\n",
     );
     out
+}
+
+/// What a model's MiB figures rest on, grouped by source: only NVML's are exact.
+fn memory_sources(m: &GpuModel) -> String {
+    use crate::mig::catalog::MemorySource;
+    let mut groups: Vec<(Option<MemorySource>, Vec<&str>)> = Vec::new();
+    for p in &m.gpu_instance_profiles {
+        let source = p.memory_mib.map(|_| p.memory_from);
+        match groups.iter_mut().find(|(s, _)| *s == source) {
+            Some((_, names)) => names.push(&p.name),
+            None => groups.push((source, vec![&p.name])),
+        }
+    }
+    let parts: Vec<String> = groups
+        .iter()
+        .map(|(source, names)| {
+            let what = match source {
+                Some(MemorySource::Nvml) => "read through NVML on a real GPU (exact)",
+                Some(MemorySource::NvidiaSmi) => {
+                    "derived from nvidia-smi's printed GiB (drivers differ by up to 256 MiB)"
+                }
+                Some(MemorySource::ThirdParty) => "a third party's measurement",
+                None => "unknown (no figure seen)",
+            };
+            if groups.len() == 1 {
+                what.to_string()
+            } else {
+                format!("{what} for {}", names.join(", "))
+            }
+        })
+        .collect();
+    parts.join("; ")
 }
 
 /// The CI profiles a GI of this profile offers: `index:<c>cx<max>`, `*` on the one gpu-share

@@ -104,12 +104,39 @@ pub struct GpuInstanceProfile {
     pub instance_count: u32,
     /// `info.memorySizeMB`; unknown for a few unverified models.
     pub memory_mib: Option<u64>,
+    /// What `memory_mib` rests on: read through NVML on a real GPU, or derived.
+    #[serde(default)]
+    pub memory_from: MemorySource,
     pub placements: Vec<Placement>,
     pub ci_profile_set: String,
     #[serde(default)]
     pub verified: bool,
     #[serde(default)]
     pub placements_verified: bool,
+}
+
+/// Where a profile's `memory_mib` comes from. Only [`MemorySource::Nvml`] is exact: the other
+/// figures were derived, and a real H200 (NVML 580.159.04) reported 256 MiB more than the figure
+/// derived from an older driver's `nvidia-smi mig -lgip` on five of its seven profiles
+/// (docs/measured/h200-nvml.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemorySource {
+    /// `memorySizeMB` of `nvmlDeviceGetGpuInstanceProfileInfo`, read on a real GPU.
+    Nvml,
+    /// Derived from the two-decimal GiB `nvidia-smi mig -lgip` prints (round(GiB × 16) × 64
+    /// MiB); drivers have printed different figures for the same profile.
+    #[default]
+    NvidiaSmi,
+    /// A third party's measurement, not NVIDIA's output.
+    ThirdParty,
+}
+
+impl MemorySource {
+    /// Whether the figure is exact (read through NVML), for marking the others as derived.
+    pub fn is_measured(self) -> bool {
+        self == MemorySource::Nvml
+    }
 }
 
 impl GpuInstanceProfile {
@@ -230,12 +257,20 @@ pub fn resource_name(profile: &str) -> String {
     format!("nvidia.com/mig-{}", profile.replace('+', "."))
 }
 
+/// Measurements made for this project on real GPUs live in this repository, under this folder
+/// (a test checks every such source exists).
+pub const MEASURED_DOCS: &str = "docs/measured/";
+
 /// Whether a catalog source is a public document a reader can open: an `https://` URL with a
-/// host, or a repository file pinned to a tag or commit, `owner/repo@tag:path` (GitHub).
-/// Search-index ids and other private handles are neither, and the catalog refuses them.
+/// host, a repository file pinned to a tag or commit, `owner/repo@tag:path` (GitHub), or a
+/// measurement in this repository, `docs/measured/<file>.md`.
+/// Search-index ids and other private handles are none of these, and the catalog refuses them.
 pub fn is_public_reference(source: &str) -> bool {
     if source.chars().any(char::is_whitespace) {
         return false;
+    }
+    if let Some(path) = source.strip_prefix(MEASURED_DOCS) {
+        return path.ends_with(".md") && !path.contains("..") && !path.contains('/');
     }
     if let Some(rest) = source.strip_prefix("https://") {
         let host = rest.split('/').next().unwrap_or("");
@@ -455,6 +490,43 @@ mod tests {
                 assert!(!lower.contains(private), "line {}: {line}", n + 1);
             }
         }
+    }
+
+    #[test]
+    fn every_measurement_cited_is_in_the_repository() {
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let measured = catalog().models.iter().flat_map(|m| &m.sources);
+        for source in measured.filter(|s| s.starts_with(MEASURED_DOCS)) {
+            assert!(repo.join(source).is_file(), "{source} is not in the repository");
+        }
+        for bad in ["docs/measured/../README.md", "docs/measured/a/b.md", "docs/h200.md"] {
+            assert!(!is_public_reference(bad), "{bad}");
+        }
+    }
+
+    /// The real H200 (NVML 580.159.04, MIG off; docs/measured/h200-nvml.md): memorySizeMB by
+    /// profile, every profile read through NVML, placements seen verbatim.
+    #[test]
+    fn the_h200_is_the_one_measured_through_nvml() {
+        let h200 = catalog().model("NVIDIA H200").unwrap();
+        let measured = [
+            ("1g.18gb", 16384),
+            ("1g.18gb+me", 16384),
+            ("1g.35gb", 33280),
+            ("2g.35gb", 33280),
+            ("3g.71gb", 71424),
+            ("4g.71gb", 71424),
+            ("7g.141gb", 143360),
+        ];
+        assert_eq!(h200.gpu_instance_profiles.len(), measured.len());
+        for (name, mib) in measured {
+            let p = h200.profile(name).unwrap();
+            assert_eq!(p.memory_mib, Some(mib), "{name}");
+            assert_eq!(p.memory_from, MemorySource::Nvml, "{name}");
+            assert!(p.verified && p.placements_verified, "{name}");
+        }
+        assert!(h200.verified);
+        assert!(h200.sources.iter().any(|s| s == "docs/measured/h200-nvml.md"));
     }
 
     #[test]
