@@ -646,3 +646,111 @@ fn gpus_changed_behind_the_agents_back_are_read_again_before_success() {
         node.log()
     );
 }
+
+/// Rewrite pod `namespace/name` at the double (same UID) with `change` applied.
+fn edit_pod(
+    api: &KubeDouble,
+    namespace: &str,
+    name: &str,
+    change: impl FnOnce(&mut k8s_openapi::api::core::v1::Pod),
+) {
+    let mut pod = api.pod(namespace, name).expect("the pod exists");
+    let uid = pod.metadata.uid.clone();
+    change(&mut pod);
+    let put = api.put_pod(pod);
+    assert_eq!(put.metadata.uid, uid, "the same pod, not a new one");
+}
+
+/// The reason annotation the agent published on `node`.
+fn reason_of(api: &KubeDouble, node: &str) -> String {
+    annotation(api, node, REASON).unwrap_or_default()
+}
+
+/// A pod no controller owns is not evicted by default, as `kubectl drain` refuses one without
+/// `--force` (k8s.io/kubectl/pkg/drain/filters.go, unreplicatedFilter: "cannot delete Pods
+/// that declare no controller"): evicted, it would be gone for good. The drain stops before its
+/// first eviction (the managed pod beside it stays too), the node waits in `blocked` naming the
+/// pod and the way out, and nothing on the GPU changes. With `--evict-bare-pods` it goes.
+#[test]
+fn a_bare_pod_blocks_the_drain_by_name_and_nothing_is_evicted() {
+    let api = Arc::new(KubeDouble::start());
+    configmap(&api);
+    let mut node = balanced_node(&api, "gpu-bare", &[]);
+    let gi = node.gi_at(0, 4);
+    node.add_workloads(
+        &api,
+        &[
+            Workload::on_mig("managed", 7001, 0, gi),
+            Workload::on_mig("bare", 7002, 0, gi),
+        ],
+    );
+    edit_pod(&api, "default", "bare", |p| {
+        p.metadata.owner_references = None
+    });
+    let before = node.mutations().len();
+
+    api.set_node_label("gpu-bare", PROFILE_LABEL, Some("h100-inference"));
+    wait_state(&api, &node, "blocked", Duration::from_secs(20));
+    let reason = reason_of(&api, "gpu-bare");
+    assert!(
+        reason.contains("default/bare") && reason.contains("--evict-bare-pods"),
+        "{reason}"
+    );
+    assert!(!reason.contains("default/managed"), "{reason}");
+    assert!(api.evictions().is_empty(), "{:?}", api.evictions());
+    assert!(api.pod("default", "bare").is_some());
+    assert!(api.pod("default", "managed").is_some());
+    assert_eq!(node.mutations().len(), before, "the GPU was changed");
+    assert!(
+        api.wait_until(Duration::from_secs(10), |a| !unschedulable(a, "gpu-bare")),
+        "the node is left uncordoned while it waits"
+    );
+    assert!(api.events().iter().any(|e| {
+        e.reason.as_deref() == Some("PodNotEvictable")
+            && e.note
+                .as_deref()
+                .is_some_and(|n| n.contains("default/bare"))
+    }));
+
+    // An operator who accepts the loss says so; both pods go and the profile is applied.
+    node.kill_agent();
+    node.start_agent(&["--evict-bare-pods"], &[]);
+    wait_applied(&api, &node, "h100-inference", Duration::from_secs(30));
+    assert!(api.pod("default", "bare").is_none());
+    assert!(api.pod("default", "managed").is_none());
+}
+
+/// A pod with an emptyDir volume is not evicted by default, as `kubectl drain` refuses one
+/// without `--delete-emptydir-data` (filters.go, localStorageFilter); with that agent option it
+/// goes.
+#[test]
+fn a_pod_with_emptydir_data_blocks_the_drain_until_allowed() {
+    let api = Arc::new(KubeDouble::start());
+    configmap(&api);
+    let mut node = balanced_node(&api, "gpu-scratch", &[]);
+    let gi = node.gi_at(0, 4);
+    node.add_workloads(&api, &[Workload::on_mig("scratch", 7101, 0, gi)]);
+    edit_pod(&api, "default", "scratch", |p| {
+        p.spec.as_mut().unwrap().volumes = Some(vec![k8s_openapi::api::core::v1::Volume {
+            name: "cache".into(),
+            empty_dir: Some(Default::default()),
+            ..Default::default()
+        }]);
+    });
+
+    api.set_node_label("gpu-scratch", PROFILE_LABEL, Some("h100-inference"));
+    wait_state(&api, &node, "blocked", Duration::from_secs(20));
+    let reason = reason_of(&api, "gpu-scratch");
+    assert!(
+        reason.contains("default/scratch")
+            && reason.contains("emptyDir")
+            && reason.contains("--delete-emptydir-data"),
+        "{reason}"
+    );
+    assert!(api.evictions().is_empty(), "{:?}", api.evictions());
+
+    node.kill_agent();
+    node.start_agent(&["--delete-emptydir-data"], &[]);
+    wait_applied(&api, &node, "h100-inference", Duration::from_secs(30));
+    assert!(api.pod("default", "scratch").is_none());
+}

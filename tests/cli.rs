@@ -302,7 +302,12 @@ fn catalog_has_the_real_h200_memory_and_says_what_each_figure_rests_on() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| (p["name"].as_str().unwrap(), p["memory_mib"].as_u64().unwrap()))
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap(),
+                p["memory_mib"].as_u64().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(
         memory,
@@ -334,7 +339,10 @@ fn catalog_has_the_real_h200_memory_and_says_what_each_figure_rests_on() {
         b200.contains("a third party's measurement for 3g.90gb, 4g.90gb, 7g.180gb"),
         "{b200}"
     );
-    assert!(text.contains("    source: docs/measured/h200-nvml.md\n"), "{text}");
+    assert!(
+        text.contains("    source: docs/measured/h200-nvml.md\n"),
+        "{text}"
+    );
 }
 
 fn path(p: &Path) -> &str {
@@ -800,13 +808,23 @@ fn plan_without_gpu_plans_the_node_it_runs_on_and_changes_nothing() {
     assert!(text.contains("GPU 0  NVIDIA H100 80GB HBM3"), "{text}");
     assert!(text.contains("GPU 1  NVIDIA H100 80GB HBM3"), "{text}");
     assert!(!text.contains("GPU 2"), "the node has two GPUs: {text}");
-    assert!(text.contains("enable MIG mode"), "MIG is off on the node: {text}");
+    assert!(
+        text.contains("enable MIG mode"),
+        "MIG is off on the node: {text}"
+    );
     assert!(!text.contains("simulated"), "these GPUs were read: {text}");
     let json = json(&plan("json"));
     assert_eq!(json["gpus"].as_array().map(Vec::len), Some(2), "{json}");
-    assert_eq!(std::fs::read(&state).unwrap(), before, "plan changed the node");
+    assert_eq!(
+        std::fs::read(&state).unwrap(),
+        before,
+        "plan changed the node"
+    );
     let mutations = nvidia_ml::read_log(dir.path().join("nvml.log"));
-    assert!(mutations.is_empty(), "plan called NVML to change: {mutations:?}");
+    assert!(
+        mutations.is_empty(),
+        "plan called NVML to change: {mutations:?}"
+    );
 }
 
 /// Without a driver (no NVML library), `plan` with neither `--gpu` nor `--current` says it

@@ -19,7 +19,10 @@ fn glibc_needs(path: &str) -> Vec<String> {
         .filter(|w| w.starts_with("GLIBC_"))
         .map(str::to_string)
         .collect();
-    assert!(!needs.is_empty(), "no glibc version needs read from {path}:\n{text}");
+    assert!(
+        !needs.is_empty(),
+        "no glibc version needs read from {path}:\n{text}"
+    );
     needs
 }
 

@@ -88,7 +88,10 @@ fn ci_runs_the_readme_first_block_before_any_other_cargo_command() {
         Some(&"python3 .ci/readme.py first"),
         "{commands:?}"
     );
-    assert!(commands.contains(&"python3 .ci/readme.py rest"), "{commands:?}");
+    assert!(
+        commands.contains(&"python3 .ci/readme.py rest"),
+        "{commands:?}"
+    );
     assert!(
         !ci.lines().any(|l| l.trim_start().starts_with("cargo test")),
         "the test command comes from the README, not from a second copy in .ci/run"

@@ -29,6 +29,10 @@ pub struct DrainSettings {
     /// First wait after a refused eviction; doubles up to `max_backoff`.
     pub backoff: Duration,
     pub max_backoff: Duration,
+    /// Evict pods no controller owns (`kubectl drain --force`).
+    pub evict_bare_pods: bool,
+    /// Evict pods with emptyDir volumes (`kubectl drain --delete-emptydir-data`).
+    pub delete_emptydir_data: bool,
 }
 
 /// Why a drain stopped.
@@ -38,6 +42,9 @@ pub enum DrainError {
     Timeout { waited: Duration, left: Vec<String> },
     #[error("listing the pods on the node: {0}")]
     Api(#[from] kube::Error),
+    /// Nothing was evicted: evicting these pods would lose them or their data.
+    #[error("not draining: {}; nothing was evicted", .pods.join("; "))]
+    NotEvictable { pods: Vec<String> },
 }
 
 /// A pod to evict, by namespace/name, and the UID that ties it to its processes.
@@ -46,6 +53,56 @@ struct Target {
     namespace: String,
     name: String,
     uid: String,
+    /// Why evicting it would lose something, unless the agent's settings allow it.
+    loses: Option<Loss>,
+}
+
+/// What an eviction would lose, as `kubectl drain` checks before it evicts anything
+/// (k8s.io/kubectl/pkg/drain/filters.go: unreplicatedFilter, localStorageFilter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Loss {
+    /// No controller owns it: nothing recreates it (kubectl: "cannot delete Pods that declare
+    /// no controller (use --force to override)").
+    BarePod,
+    /// An emptyDir volume, deleted with the pod (kubectl: "cannot delete Pods with local
+    /// storage (use --delete-emptydir-data to override)").
+    EmptyDirData,
+}
+
+impl Loss {
+    fn of(pod: &Pod) -> Option<Loss> {
+        let owned = pod.metadata.owner_references.iter().flatten();
+        let controlled = owned.into_iter().any(|o| o.controller == Some(true));
+        let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+        let empty_dir = volumes.into_iter().any(|v| v.empty_dir.is_some());
+        if !controlled {
+            Some(Loss::BarePod)
+        } else if empty_dir {
+            Some(Loss::EmptyDirData)
+        } else {
+            None
+        }
+    }
+
+    fn allowed(self, settings: &DrainSettings) -> bool {
+        match self {
+            Loss::BarePod => settings.evict_bare_pods,
+            Loss::EmptyDirData => settings.delete_emptydir_data,
+        }
+    }
+
+    fn explain(self) -> &'static str {
+        match self {
+            Loss::BarePod => {
+                "no controller owns it, so an eviction would delete it for good; delete or \
+                 move it yourself, or start the agent with --evict-bare-pods"
+            }
+            Loss::EmptyDirData => {
+                "its emptyDir data would be deleted with it; move it yourself, or start the \
+                 agent with --delete-emptydir-data"
+            }
+        }
+    }
 }
 
 impl std::fmt::Display for Target {
@@ -81,6 +138,7 @@ async fn targets(
                 namespace: p.metadata.namespace.clone().unwrap_or_default(),
                 name: p.metadata.name.clone().unwrap_or_default(),
                 uid: p.metadata.uid.clone()?,
+                loses: Loss::of(&p),
             };
             let held = holders.contains(&PodName {
                 namespace: target.namespace.clone(),
@@ -131,6 +189,18 @@ where
     let all_pods: Api<Pod> = Api::all(client.clone());
     let pids = &disturbed.pids;
     let (targets, host_pids) = targets(&all_pods, node, pids, &disturbed.holders, settings).await?;
+    // All or nothing: one pod that may not be evicted stops the drain before the first
+    // eviction, so no pod is evicted for a change that cannot happen yet.
+    let not_evictable: Vec<String> = targets
+        .iter()
+        .filter_map(|t| Some((t, t.loses.filter(|l| !l.allowed(settings))?)))
+        .map(|(t, loss)| format!("{t}: {}", loss.explain()))
+        .collect();
+    if !not_evictable.is_empty() {
+        return Err(DrainError::NotEvictable {
+            pods: not_evictable,
+        });
+    }
     if !host_pids.is_empty() {
         warn!(
             ?host_pids,

@@ -7,7 +7,7 @@
 //! | `gpu_share_evictions_total` | counter | `outcome`: evicted, blocked |
 //! | `gpu_share_reconcile_duration_seconds` | histogram | |
 //! | `gpu_share_profile_info` | gauge | `profile`, `hash`: 1 for the applied profile only |
-//! | `gpu_share_state` | gauge | `state`: one-hot over pending, draining, applying, success, failed |
+//! | `gpu_share_state` | gauge | `state`: one-hot over pending, draining, applying, success, failed, blocked |
 //!
 //! Label values are fixed sets or short reasons chosen by the agent (never user input beyond
 //! the profile key), so cardinality stays small.
@@ -30,7 +30,9 @@ pub const EVICTION_OUTCOMES: [&str; 2] = ["evicted", "blocked"];
 pub const KNOWN_FAILURE_REASONS: [&str; 4] =
     ["InvalidProfile", "DrainTimeout", "ApplyFailed", "ApiError"];
 /// The published states of `gpu-share.dev/profile.state`; `gpu_share_state` is one-hot over them.
-pub const STATES: [&str; 5] = ["pending", "draining", "applying", "success", "failed"];
+pub const STATES: [&str; 6] = [
+    "pending", "draining", "applying", "success", "failed", "blocked",
+];
 
 /// Histogram buckets from 10 ms (a no-op reconcile) to 30 min (a long drain), in seconds.
 const DURATION_BUCKETS: [f64; 15] = [

@@ -119,6 +119,15 @@ pub struct AgentArgs {
     /// Give up a drain (state failed, node uncordoned) after this many seconds.
     #[arg(long, env = "GPU_SHARE_DRAIN_TIMEOUT", default_value_t = 600)]
     pub drain_timeout_secs: u64,
+    /// Evict GPU pods that no controller owns. Off by default, as `kubectl drain` refuses them
+    /// without --force: evicted, a bare pod is gone for good; the agent waits in `blocked`,
+    /// naming it, until it is deleted or this is set.
+    #[arg(long, env = "GPU_SHARE_EVICT_BARE_PODS")]
+    pub evict_bare_pods: bool,
+    /// Evict GPU pods that use emptyDir volumes, whose data goes with them. Off by default, as
+    /// `kubectl drain` refuses them without the option of the same name.
+    #[arg(long, env = "GPU_SHARE_DELETE_EMPTYDIR_DATA")]
+    pub delete_emptydir_data: bool,
     /// First wait after a refused eviction (HTTP 429); doubles up to 30 s.
     #[arg(long, default_value_t = 1000)]
     pub eviction_backoff_ms: u64,
@@ -348,6 +357,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             pod_resources_socket: args.pod_resources_socket.clone(),
             backoff: Duration::from_millis(args.eviction_backoff_ms),
             max_backoff: Duration::from_secs(30),
+            evict_bare_pods: args.evict_bare_pods,
+            delete_emptydir_data: args.delete_emptydir_data,
         },
         apply: args.apply_options(),
         gpus: gpus.clone(),

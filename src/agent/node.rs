@@ -25,6 +25,8 @@ pub enum State {
     Applying,
     Success,
     Failed,
+    /// Waiting for a pod the drain may not evict (a bare pod, emptyDir data) to go.
+    Blocked,
 }
 
 impl State {
@@ -35,6 +37,7 @@ impl State {
             State::Applying => "applying",
             State::Success => "success",
             State::Failed => "failed",
+            State::Blocked => "blocked",
         }
     }
 }

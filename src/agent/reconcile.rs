@@ -25,7 +25,7 @@ use kube::Api;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
-use super::drain::{drain, Disturbed, DrainSettings};
+use super::drain::{drain, Disturbed, DrainError, DrainSettings};
 use super::lease::{DrainSlot, DrainSlots};
 use super::metrics::Metrics;
 use super::node::{self, State};
@@ -412,7 +412,10 @@ impl Reconciler {
                 },
             )
             .await
-            .map_err(|e| failed("DrainTimeout", e))?;
+            .map_err(|e| match e {
+                DrainError::NotEvictable { .. } => failed(POD_NOT_EVICTABLE, e),
+                _ => failed("DrainTimeout", e),
+            })?;
             self.event(
                 EventType::Normal,
                 "Drained",
@@ -673,7 +676,14 @@ impl Reconciler {
     async fn fail(&self, reason: &'static str, message: &str) {
         warn!(reason, message, "reconcile failed");
         self.metrics.failed(reason);
-        self.publish(State::Failed, message, None).await;
+        // A drain that would lose a pod waits for a person (or the pod's end), not for a fix
+        // of the profile: `blocked`, not `failed`. It is retried like any failure.
+        let state = if reason == POD_NOT_EVICTABLE {
+            State::Blocked
+        } else {
+            State::Failed
+        };
+        self.publish(state, message, None).await;
         self.event(EventType::Warning, reason, message).await;
         match node::uncordon_if_ours(&self.nodes(), &self.node_name).await {
             Ok(true) => info!("node uncordoned after the failure"),
@@ -752,6 +762,10 @@ pub(super) fn invalid(problems: &[Problem]) -> Outcome {
         message: format!("nothing was changed: {}", errors.join("; ")),
     }
 }
+
+/// The reason of a drain refused before its first eviction, because a pod would be lost with
+/// it (a bare pod, emptyDir data); published as state `blocked`.
+pub(super) const POD_NOT_EVICTABLE: &str = "PodNotEvictable";
 
 pub(super) fn failed(reason: &'static str, e: impl std::fmt::Display) -> Outcome {
     Outcome::Failed {

@@ -67,7 +67,8 @@ impl NodeView {
             return true;
         };
         match self.state.as_deref() {
-            Some("failed") => true,
+            // `blocked`: the agent waits for a pod it may not evict; this round cannot help.
+            Some("failed" | "blocked") => true,
             Some("success") => {
                 let want = profiles.get(key).map(|t| content_hash(t));
                 want.is_some() && self.applied_hash == want

@@ -497,9 +497,16 @@ mod tests {
         let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let measured = catalog().models.iter().flat_map(|m| &m.sources);
         for source in measured.filter(|s| s.starts_with(MEASURED_DOCS)) {
-            assert!(repo.join(source).is_file(), "{source} is not in the repository");
+            assert!(
+                repo.join(source).is_file(),
+                "{source} is not in the repository"
+            );
         }
-        for bad in ["docs/measured/../README.md", "docs/measured/a/b.md", "docs/h200.md"] {
+        for bad in [
+            "docs/measured/../README.md",
+            "docs/measured/a/b.md",
+            "docs/h200.md",
+        ] {
             assert!(!is_public_reference(bad), "{bad}");
         }
     }
@@ -526,7 +533,10 @@ mod tests {
             assert!(p.verified && p.placements_verified, "{name}");
         }
         assert!(h200.verified);
-        assert!(h200.sources.iter().any(|s| s == "docs/measured/h200-nvml.md"));
+        assert!(h200
+            .sources
+            .iter()
+            .any(|s| s == "docs/measured/h200-nvml.md"));
     }
 
     #[test]

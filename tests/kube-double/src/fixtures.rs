@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 fn labels(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
@@ -41,8 +41,24 @@ pub fn node(name: &str, node_labels: &[(&str, &str)]) -> Node {
     }
 }
 
-/// A Running, Ready pod bound to `node`, with these labels.
+/// A Running, Ready pod bound to `node`, with these labels, owned by a ReplicaSet (as pods of
+/// a Deployment are: an eviction replaces them). [`bare_pod`] makes one no controller owns.
 pub fn running_pod(namespace: &str, name: &str, node: &str, pod_labels: &[(&str, &str)]) -> Pod {
+    let mut pod = bare_pod(namespace, name, node, pod_labels);
+    pod.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: "ReplicaSet".into(),
+        name: format!("{name}-rs"),
+        uid: format!("rs-uid-{namespace}-{name}"),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }]);
+    pod
+}
+
+/// A Running, Ready pod bound to `node` that no controller owns (`kubectl run`, a bare
+/// manifest): evicted, it is gone for good.
+pub fn bare_pod(namespace: &str, name: &str, node: &str, pod_labels: &[(&str, &str)]) -> Pod {
     Pod {
         metadata: ObjectMeta {
             name: Some(name.into()),
