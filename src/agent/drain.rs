@@ -53,8 +53,8 @@ struct Target {
     namespace: String,
     name: String,
     uid: String,
-    /// Why evicting it would lose something, unless the agent's settings allow it.
-    loses: Option<Loss>,
+    /// What evicting it would lose (each needs its own permission, as kubectl's filters do).
+    loses: Vec<Loss>,
 }
 
 /// What an eviction would lose, as `kubectl drain` checks before it evicts anything
@@ -70,18 +70,20 @@ enum Loss {
 }
 
 impl Loss {
-    fn of(pod: &Pod) -> Option<Loss> {
+    /// Every loss an eviction of `pod` would cause: a bare pod with emptyDir data has both.
+    fn of(pod: &Pod) -> Vec<Loss> {
         let owned = pod.metadata.owner_references.iter().flatten();
         let controlled = owned.into_iter().any(|o| o.controller == Some(true));
         let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
         let empty_dir = volumes.into_iter().any(|v| v.empty_dir.is_some());
+        let mut losses = Vec::new();
         if !controlled {
-            Some(Loss::BarePod)
-        } else if empty_dir {
-            Some(Loss::EmptyDirData)
-        } else {
-            None
+            losses.push(Loss::BarePod);
         }
+        if empty_dir {
+            losses.push(Loss::EmptyDirData);
+        }
+        losses
     }
 
     fn allowed(self, settings: &DrainSettings) -> bool {
@@ -193,7 +195,8 @@ where
     // eviction, so no pod is evicted for a change that cannot happen yet.
     let not_evictable: Vec<String> = targets
         .iter()
-        .filter_map(|t| Some((t, t.loses.filter(|l| !l.allowed(settings))?)))
+        .flat_map(|t| t.loses.iter().map(move |loss| (t, loss)))
+        .filter(|(_, loss)| !loss.allowed(settings))
         .map(|(t, loss)| format!("{t}: {}", loss.explain()))
         .collect();
     if !not_evictable.is_empty() {
@@ -364,4 +367,47 @@ fn check_deadline(
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PodSpec, Volume};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn pod(controller: Option<bool>, empty_dir: bool) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.owner_references = controller.map(|c| {
+            vec![OwnerReference {
+                kind: "ReplicaSet".into(),
+                controller: Some(c),
+                ..Default::default()
+            }]
+        });
+        let volume = Volume {
+            name: "scratch".into(),
+            empty_dir: Some(Default::default()),
+            ..Default::default()
+        };
+        pod.spec = Some(PodSpec {
+            volumes: empty_dir.then(|| vec![volume]),
+            ..Default::default()
+        });
+        pod
+    }
+
+    /// kubectl's filters are independent (k8s.io/kubectl/pkg/drain/filters.go): `--force`
+    /// does not allow deleting emptyDir data, so a bare pod with emptyDir has both losses.
+    #[test]
+    fn each_loss_is_found_on_its_own() {
+        assert_eq!(Loss::of(&pod(Some(true), false)), []);
+        assert_eq!(Loss::of(&pod(None, false)), [Loss::BarePod]);
+        // An owner that is not the controller does not recreate the pod.
+        assert_eq!(Loss::of(&pod(Some(false), false)), [Loss::BarePod]);
+        assert_eq!(Loss::of(&pod(Some(true), true)), [Loss::EmptyDirData]);
+        assert_eq!(
+            Loss::of(&pod(None, true)),
+            [Loss::BarePod, Loss::EmptyDirData]
+        );
+    }
 }

@@ -132,13 +132,6 @@ pub enum MemorySource {
     ThirdParty,
 }
 
-impl MemorySource {
-    /// Whether the figure is exact (read through NVML), for marking the others as derived.
-    pub fn is_measured(self) -> bool {
-        self == MemorySource::Nvml
-    }
-}
-
 impl GpuInstanceProfile {
     /// Memory slots one instance occupies (all placements of a profile have the same size).
     pub fn slots(&self) -> u32 {
