@@ -304,6 +304,8 @@ struct Row {
     to: &'static str,
     destroyed: usize,
     evicted: usize,
+    /// Of `evicted`: pods whose device stays but is advertised otherwise.
+    reallocated: usize,
     destroy_all: usize,
     evict_all: usize,
 }
@@ -312,17 +314,31 @@ fn transition(from: &'static str, to: &'static str) -> Row {
     let api = Arc::new(KubeDouble::start());
     profiles_configmap(&api, H100_PROFILES, &[]);
     let mut node = AgentNode::new(&api, "bench-transition", h100s(8, true));
+    let kubelet = PodResourcesKubelet::serve(&api, &node.name, &node.pod_resources_socket());
     api.set_node_label(&node.name, PROFILE_LABEL, Some(from));
     node.start_agent(&[], &[]);
     wait_applied(&api, &node, from, Duration::from_secs(60));
 
     let workloads = node.workloads_everywhere("w", 10_000);
     node.add_workloads(&api, &workloads);
+    // Each pod holds its device as `from` advertises it (the first replica of a shared one),
+    // as the kubelet lists it.
+    let observed_before = observe(&node.nvml_state());
+    let advertised_before = advertisement(&profile_text(from), &node.nvml_state());
+    let held: Vec<Option<(String, String)>> = workloads
+        .iter()
+        .map(|w| advertised_id(&advertised_before, &observed_before, w))
+        .collect();
+    for (w, held) in workloads.iter().zip(&held) {
+        let (resource, id) = held.clone().expect("every workload's device is advertised");
+        kubelet.allocate("default", &w.pod, &resource, &[&id]);
+    }
     let before = node.nvml();
     let destroyed_before = node.count("nvmlGpuInstanceDestroy");
     api.set_node_label(&node.name, PROFILE_LABEL, Some(to));
     wait_applied(&api, &node, to, Duration::from_secs(120));
     let after = node.nvml();
+    let advertised_after = advertisement(&profile_text(to), &node.nvml_state());
     node.kill_agent();
 
     assert_no_orphans(&after, &format!("{from} → {to}"));
@@ -342,9 +358,16 @@ fn transition(from: &'static str, to: &'static str) -> Row {
     } else {
         workloads.len()
     };
-    // gpu-share evicts only pods on instances it destroys or GPUs whose MIG mode changes.
-    for w in &workloads {
+    // gpu-share evicts only pods on instances it destroys or GPUs whose MIG mode changes, and
+    // holders of devices `to` advertises otherwise (src/agent/readvertised.rs).
+    let mut reallocated = 0;
+    for (w, held) in workloads.iter().zip(&held) {
         if evicted.contains(&w.pod) {
+            let (resource, id) = held.as_ref().expect("allocated above");
+            let same = advertised_after.devices.get(id).is_some_and(|a| {
+                &a.resource == resource
+                    && Some(a.sharing) == advertised_before.devices.get(id).map(|b| b.sharing)
+            });
             let (b, a) = (&before.gpus[w.gpu], &after.gpus[w.gpu]);
             let gone = match w.gi {
                 Some(gi) => !a.gpu_instances.iter().any(|g| {
@@ -353,10 +376,13 @@ fn transition(from: &'static str, to: &'static str) -> Row {
                 None => b.mig.map(|m| m.current) != a.mig.map(|m| m.current),
             };
             assert!(
-                gone,
-                "{from} → {to}: {} evicted but its GPU instance stays",
+                gone || !same,
+                "{from} → {to}: {} evicted but its GPU instance stays, advertised as before",
                 w.pod
             );
+            if !gone {
+                reallocated += 1;
+            }
         }
     }
     Row {
@@ -364,6 +390,7 @@ fn transition(from: &'static str, to: &'static str) -> Row {
         to,
         destroyed,
         evicted: evicted.len(),
+        reallocated,
         destroy_all,
         evict_all,
     }
@@ -375,30 +402,31 @@ fn transitions() {
         .map(|(from, to)| {
             let row = transition(from, to);
             eprintln!(
-                "{from} → {to}: destroyed {} (baseline {}), evicted {} (baseline {})",
-                row.destroyed, row.destroy_all, row.evicted, row.evict_all
+                "{from} → {to}: destroyed {} (baseline {}), evicted {} ({} re-advertised; baseline {})",
+                row.destroyed, row.destroy_all, row.evicted, row.reallocated, row.evict_all
             );
             row
         })
         .collect();
     println!("\n## transition suite: 8 simulated H100s, one pod per GPU instance / whole GPU\n");
-    println!("| from → to | instances destroyed | destroy-everything | pods evicted | evict-everything |");
-    println!("|---|---|---|---|---|");
+    println!("| from → to | instances destroyed | destroy-everything | pods evicted | of which re-advertised | evict-everything |");
+    println!("|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} → {} | {} | {} | {} | {} |",
-            r.from, r.to, r.destroyed, r.destroy_all, r.evicted, r.evict_all
+            "| {} → {} | {} | {} | {} | {} | {} |",
+            r.from, r.to, r.destroyed, r.destroy_all, r.evicted, r.reallocated, r.evict_all
         );
     }
     let sum = |f: fn(&Row) -> usize| rows.iter().map(f).sum::<usize>();
-    let (d, da, e, ea) = (
+    let (d, da, e, ra, ea) = (
         sum(|r| r.destroyed),
         sum(|r| r.destroy_all),
         sum(|r| r.evicted),
+        sum(|r| r.reallocated),
         sum(|r| r.evict_all),
     );
     println!(
-        "| **all {} transitions** | **{d}** | **{da}** | **{e}** | **{ea}** |",
+        "| **all {} transitions** | **{d}** | **{da}** | **{e}** | **{ra}** | **{ea}** |",
         rows.len()
     );
     println!(

@@ -11,6 +11,7 @@
 pub mod advise;
 pub mod agent;
 pub mod apply;
+pub mod atomic_file;
 pub mod autopilot;
 pub mod builtin_plugin;
 pub mod cli;

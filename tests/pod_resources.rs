@@ -96,9 +96,11 @@ fn an_idle_pod_holding_a_destroyed_mig_device_is_evicted_and_holders_of_kept_one
 #[test]
 fn a_replica_of_a_gpu_that_turns_to_mig_is_evicted_and_replicas_of_the_other_gpu_stay() {
     let api = Arc::new(KubeDouble::start());
-    // GPU 0 goes from time-slicing to MIG; GPU 1 stays time-sliced.
-    let split = "version: v1\nrules:\n  - devices: [0]\n    mig: {1g.10gb: 7}\n  \
-                 - devices: [1]\n    timeSlicing: {replicas: 4}\n"
+    // GPU 0 goes from time-slicing to MIG; GPU 1 stays time-sliced, advertised as before
+    // (renamed `.shared`: without the rename its replicas would change resource, which
+    // re-allocates them, tests/reallocation.rs).
+    let split = "version: v1\nplugin: {renameByDefault: true}\nrules:\n  - devices: [0]\n    \
+                 mig: {1g.10gb: 7}\n  - devices: [1]\n    timeSlicing: {replicas: 4}\n"
         .to_string();
     profiles_configmap(&api, &["homelab-timeslice"], &[("split", split.clone())]);
     let mut node = AgentNode::new(&api, "gpu-idle-replica", h100s(2, false));

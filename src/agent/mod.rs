@@ -9,12 +9,14 @@
 pub mod devices_in_use;
 mod dra;
 pub mod drain;
+pub mod events;
 mod heap;
 pub mod http;
 pub mod lease;
 pub mod metrics;
 pub mod node;
 pub mod pods;
+pub mod readvertised;
 pub mod reconcile;
 
 use std::net::SocketAddr;
@@ -493,7 +495,7 @@ async fn start_up_checks(args: &AgentArgs, reconciler: &Reconciler) -> Result<()
     let event = kube::runtime::events::Event {
         type_,
         reason: reason.into(),
-        action: reconcile::event_action("Doctor", &note),
+        action: events::event_action("Doctor", &note),
         note: Some(note),
         secondary: None,
     };

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{DeleteParams, ListParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::Api;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
@@ -30,6 +30,7 @@ use super::lease::{DrainSlot, DrainSlots};
 use super::metrics::Metrics;
 use super::node::{self, State};
 use super::pods::{disturbed_devices, disturbed_processes};
+use super::readvertised::Held;
 use crate::apply::{apply_with_inventory, check_state_dir, ApplyError, ApplyOptions};
 use crate::builtin_plugin::{Inventory, PluginManager};
 use crate::gpu::{Gpus, SharedGpus};
@@ -193,10 +194,14 @@ impl Reconciler {
             Ok(p) => p,
             Err(problem) => return invalid(&[problem]),
         };
-        let (observed, todo, from_memory) = match self.plan_inventory(key, &profile, seen).await {
-            Ok(planned) => planned,
-            Err(outcome) => return outcome,
-        };
+        let (observed, node_plan, todo, from_memory) =
+            match self.plan_inventory(key, &profile, seen).await {
+                Ok(planned) => planned,
+                Err(outcome) => return outcome,
+            };
+        let reallocated = self
+            .reallocated(&node_plan, &observed, &profile.plugin)
+            .await;
         let fetched;
         let current = match seen {
             Some(node) => Some(node),
@@ -210,11 +215,20 @@ impl Reconciler {
                 && node::annotation(n, node::APPLIED_HASH_ANNOTATION) == Some(hash.as_str())
         });
         let mig_change = !todo.is_empty();
-        let outcome = if mig_change {
-            // The MIG steps change the layout: the next plan reads the GPUs again.
-            self.forget_inventory();
-            self.reconfigure(key, &profile, &hash, &observed, &todo)
-                .await
+        let outcome = if mig_change || !reallocated.is_empty() {
+            if mig_change {
+                // The MIG steps change the layout: the next plan reads the GPUs again.
+                self.forget_inventory();
+            }
+            let change = Change {
+                key,
+                profile: &profile,
+                hash: &hash,
+                observed: &observed,
+                todo: &todo,
+                reallocated: &reallocated,
+            };
+            self.reconfigure(&change).await
         } else {
             let known = from_memory.then_some(observed);
             let applied = self
@@ -234,7 +248,7 @@ impl Reconciler {
                     return Box::pin(self.make_match(key, text, None)).await;
                 }
                 self.metrics.set_profile(Some((key, &hash)));
-                if published && !mig_change {
+                if published && !mig_change && reallocated.is_empty() {
                     return Outcome::Noop;
                 }
                 // `success` is read as "done, node schedulable": not while a state or the
@@ -272,12 +286,12 @@ impl Reconciler {
         key: &str,
         profile: &Profile,
         seen: Option<&Node>,
-    ) -> Result<(ObservedNode, Vec<Step>, bool), Outcome> {
+    ) -> Result<(ObservedNode, NodePlan, Vec<Step>, bool), Outcome> {
         if let Some(observed) = seen.and(self.remembered_inventory()) {
             if let Ok(node_plan) = plan_for(key, profile, &observed, self.apply.plugin) {
                 let todo = steps(&node_plan, &observed);
                 if todo.is_empty() {
-                    return Ok((observed, todo, true));
+                    return Ok((observed, node_plan, todo, true));
                 }
             }
         }
@@ -285,7 +299,7 @@ impl Reconciler {
         let node_plan =
             plan_for(key, profile, &observed, self.apply.plugin).map_err(|p| invalid(&p))?;
         let todo = steps(&node_plan, &observed);
-        Ok((observed, todo, false))
+        Ok((observed, node_plan, todo, false))
     }
 
     /// Whether fresh NVML reads still show no MIG step due for `profile`; a failed read or an
@@ -323,15 +337,10 @@ impl Reconciler {
         apply.await
     }
 
-    /// A MIG change: drain what it disturbs under a fleet slot, apply, uncordon.
-    async fn reconfigure(
-        &self,
-        key: &str,
-        profile: &Profile,
-        hash: &str,
-        observed: &ObservedNode,
-        todo: &[crate::plan::Step],
-    ) -> Result<(), Outcome> {
+    /// A MIG change, or devices advertised otherwise: drain what it disturbs under a fleet
+    /// slot, apply, uncordon.
+    async fn reconfigure(&self, change: &Change<'_>) -> Result<(), Outcome> {
+        let key = change.key;
         // The journal is written only once the drain is done: an unwritable state dir found
         // then would have evicted pods for a change that cannot start.
         let opts = self.apply.clone();
@@ -356,26 +365,24 @@ impl Reconciler {
             .await
             .map_err(|e| failed("DrainSlotTimeout", e))?;
         let renewal = slot.spawn_renewal();
-        let result = self
-            .drain_and_apply(key, profile, hash, observed, todo, &slot)
-            .await;
+        let result = self.drain_and_apply(change, &slot).await;
         renewal.abort();
         self.release_cordon(None).await;
         slot.release().await;
         result
     }
 
-    async fn drain_and_apply(
-        &self,
-        key: &str,
-        profile: &Profile,
-        hash: &str,
-        observed: &ObservedNode,
-        todo: &[crate::plan::Step],
-        slot: &DrainSlot,
-    ) -> Result<(), Outcome> {
+    async fn drain_and_apply(&self, change: &Change<'_>, slot: &DrainSlot) -> Result<(), Outcome> {
+        let Change {
+            key,
+            profile,
+            hash,
+            observed,
+            todo,
+            reallocated,
+        } = *change;
         self.withdraw_going_away(key, profile, observed).await?;
-        let reason = format!("gpu-share: reconfiguring MIG for profile {key} ({hash:.12})");
+        let reason = format!("gpu-share: reconfiguring the GPUs for profile {key} ({hash:.12})");
         let cordoned = node::cordon(&self.nodes(), &self.node_name, &reason)
             .await
             .map_err(|e| {
@@ -386,11 +393,25 @@ impl Reconciler {
         if cordoned {
             self.event(EventType::Normal, "Cordoned", &reason).await;
         }
-        let disturbed = self.disturbed(todo, observed).await;
+        let mut disturbed = self.disturbed(todo, observed).await;
+        disturbed
+            .holders
+            .extend(reallocated.iter().map(|(held, _)| held.pod.clone()));
+        if !reallocated.is_empty() {
+            self.event(
+                EventType::Normal,
+                "Reallocating",
+                &super::readvertised::note(key, reallocated),
+            )
+            .await;
+        }
         if !disturbed.is_empty() {
             self.publish(
                 State::Draining,
-                &format!("evicting the pods that use the GPU instances profile {key} changes"),
+                &format!(
+                    "evicting the pods that use the GPU devices profile {key} changes or \
+                     advertises otherwise"
+                ),
                 None,
             )
             .await;
@@ -419,7 +440,7 @@ impl Reconciler {
             self.event(
                 EventType::Normal,
                 "Drained",
-                &format!("{evicted} pod(s) evicted from the GPU instances that change"),
+                &format!("{evicted} pod(s) evicted from the GPU devices that change"),
             )
             .await;
         }
@@ -510,19 +531,17 @@ impl Reconciler {
         if report.plugin_config_written || !report.steps.is_empty() {
             self.restart_plugin_pods().await;
         }
+        let (inventory, observed) = self
+            .applied_inventory(&report.plan, &plugin_options)
+            .await?;
+        self.save_advertisement(&inventory);
         if let Some(plugins) = &self.plugins {
             self.refresh_cdi(!report.steps.is_empty()).await?;
-            let (inventory, _) = self
-                .applied_inventory(&report.plan, &plugin_options)
-                .await?;
-            plugins.update(inventory).await;
+            plugins.update(inventory.clone()).await;
         }
         if let Some(devices) = &self.dra_devices {
             // The kubelet DRA plugin learns the applied devices before their slices are
             // published: the scheduler may allocate a new device as soon as it sees it.
-            let (inventory, observed) = self
-                .applied_inventory(&report.plan, &plugin_options)
-                .await?;
             devices.send_replace(std::sync::Arc::new(inventory));
             return self.publish_slices(&report.plan, &observed).await;
         }
@@ -691,26 +710,18 @@ impl Reconciler {
             Err(e) => warn!(error = %e, "could not uncordon after the failure"),
         }
     }
+}
 
-    pub(super) async fn event(&self, type_: EventType, reason: &str, note: &str) {
-        let event = reconcile_event(type_, reason, note);
-        if let Err(e) = self.recorder.publish(&event, &self.node_ref).await {
-            warn!(error = %e, "could not publish an event");
-        }
-    }
-
-    /// Publish an Event without waiting for it, for the last word of a reconcile: the loop is
-    /// then free for the next change at once. Events are best-effort either way (a failure is
-    /// logged); this one is sent after the state it reports.
-    pub(super) fn event_in_background(&self, type_: EventType, reason: &str, note: &str) {
-        let event = reconcile_event(type_, reason, note);
-        let (recorder, node_ref) = (self.recorder.clone(), self.node_ref.clone());
-        tokio::spawn(async move {
-            if let Err(e) = recorder.publish(&event, &node_ref).await {
-                warn!(error = %e, "could not publish an event");
-            }
-        });
-    }
+/// One change a reconcile carries out with a drain: the profile, the GPUs as read, the MIG
+/// steps and the held devices the new advertisement re-allocates.
+#[derive(Clone, Copy)]
+struct Change<'a> {
+    key: &'a str,
+    profile: &'a Profile,
+    hash: &'a str,
+    observed: &'a ObservedNode,
+    todo: &'a [Step],
+    reallocated: &'a [(Held, String)],
 }
 
 /// Which of `pids` NVML still lists.
@@ -729,26 +740,6 @@ async fn still_running(gpus: SharedGpus, pids: Vec<u32>) -> Vec<u32> {
     })
     .await
     .unwrap_or_default()
-}
-
-fn reconcile_event(type_: EventType, reason: &str, note: &str) -> Event {
-    let note: String = note.chars().take(1000).collect();
-    Event {
-        type_,
-        reason: reason.to_string(),
-        action: event_action("Reconcile", &note),
-        note: Some(note),
-        secondary: None,
-    }
-}
-
-/// The Event's `action`: `what` and a short hash of the note. kube-runtime's Recorder folds
-/// events with the same type, action and reason into one series and keeps the first note, so
-/// with a fixed action a second `Applied` (another profile) showed the first one's note. With
-/// the note's hash in the action, only repeats of the same message become a series (as
-/// client-go's correlator, which keys on the message too).
-pub fn event_action(what: &str, note: &str) -> String {
-    format!("{what}-{:.12}", content_hash(note))
 }
 
 pub(super) fn invalid(problems: &[Problem]) -> Outcome {

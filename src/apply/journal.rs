@@ -4,11 +4,11 @@
 //! instead supersedes it (the report says which happened).
 
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::atomic_file;
 use crate::plan::Step;
 use crate::profile::Profile;
 
@@ -62,27 +62,19 @@ impl Journal {
 
     /// Remove the journal once the node matches.
     pub fn remove(state_dir: &Path) -> std::io::Result<()> {
-        match fs::remove_file(Self::path(state_dir)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        }
+        atomic_file::remove(&Self::path(state_dir))
     }
 }
 
-/// Write `value` as JSON to `state_dir/file` atomically: a temp file in the same directory,
-/// fsync, rename, fsync the directory. A crash leaves either the old file or the new one.
+/// Write `value` as JSON to `state_dir/file` atomically and durably ([`atomic_file`]): a
+/// crash leaves either the old file or the new one.
 pub(crate) fn write_json_atomically(
     state_dir: &Path,
     file: &str,
     value: &impl Serialize,
 ) -> std::io::Result<()> {
-    fs::create_dir_all(state_dir)?;
-    let mut tmp = tempfile::NamedTempFile::new_in(state_dir)?;
-    serde_json::to_writer_pretty(&mut tmp, value)?;
-    tmp.as_file_mut().flush()?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(state_dir.join(file)).map_err(|e| e.error)?;
-    fs::File::open(state_dir)?.sync_all()
+    let bytes = serde_json::to_vec_pretty(value)?;
+    atomic_file::replace(&state_dir.join(file), &bytes, atomic_file::READABLE_BY_ALL)
 }
 
 #[cfg(test)]

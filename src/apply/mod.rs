@@ -371,17 +371,13 @@ fn reload_owed(opts: &ApplyOptions) -> bool {
 fn set_reload_owed(opts: &ApplyOptions, owed: bool) -> Result<(), ApplyError> {
     let path = opts.state_dir.join(RELOAD_OWED);
     let result = if owed {
-        std::fs::create_dir_all(&opts.state_dir).and_then(|()| {
-            std::fs::write(
-                &path,
-                "the device plugin has not reloaded its config since it last changed\n",
-            )
-        })
+        crate::atomic_file::replace(
+            &path,
+            b"the device plugin has not reloaded its config since it last changed\n",
+            crate::atomic_file::READABLE_BY_ALL,
+        )
     } else {
-        match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        }
+        crate::atomic_file::remove(&path)
     };
     result.map_err(|source| journal_error(opts, source))
 }

@@ -14,7 +14,7 @@ use tracing::warn;
 use super::rollout::{Action, Decision};
 use crate::advise::proposal::Unschedulable;
 use crate::advise::NodeAdvice;
-use crate::agent::reconcile::event_action;
+use crate::agent::events::event_action;
 
 /// The status ConfigMap's one key.
 pub const STATUS_KEY: &str = "status.yaml";

@@ -9,30 +9,18 @@
 //! agent names its own pod and only a process in that pod's cgroup is signalled.
 
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
+use crate::atomic_file;
 use crate::kubelet::cgroup::pod_uid_of;
 
-/// Write `text` to `path` unless it already holds exactly that. Returns whether it wrote.
+/// Write `text` to `path` unless it already holds exactly that, readable by all (a plugin not
+/// running as root reads it); returns whether it wrote. See [`crate::atomic_file`].
 pub fn write_if_changed(path: &Path, text: &str) -> std::io::Result<bool> {
-    if fs::read(path).is_ok_and(|current| current == text.as_bytes()) {
-        return Ok(false);
-    }
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    fs::create_dir_all(dir)?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(text.as_bytes())?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    fs::File::open(dir)?.sync_all()?;
-    Ok(true)
+    atomic_file::replace_if_changed(path, text.as_bytes(), atomic_file::READABLE_BY_ALL)
 }
 
 /// Create an empty config at `path` (the NVIDIA plugin's defaults: whole GPUs, no sharing)

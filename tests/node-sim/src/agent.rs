@@ -503,3 +503,44 @@ pub fn proc_status_kb<const N: usize>(pid: u32, names: [&str; N]) -> [u64; N] {
             .unwrap_or(0)
     })
 }
+
+/// What profile `text` advertises on the GPUs in `nvml_state`: device ID → (resource,
+/// sharing), by the library's own expansion (the one the agent and the built-in plugin use).
+pub fn advertisement(
+    text: &str,
+    nvml_state: &std::path::Path,
+) -> gpu_share::agent::readvertised::Advertisement {
+    let profile = gpu_share::profile::parse_profile("bench", text).expect("a valid profile");
+    let observed = crate::observe(nvml_state);
+    let plan = gpu_share::plan::plan("bench", &profile, &observed).expect("a plan");
+    let inventory = gpu_share::builtin_plugin::Inventory::from_plan(
+        &plan,
+        &observed,
+        &profile.plugin,
+        std::path::Path::new("/run/nvidia/mps"),
+    );
+    gpu_share::agent::readvertised::Advertisement::of(&inventory)
+}
+
+/// The device ID and resource a workload's device is first advertised under in `ad`: its GPU's
+/// UUID (or replica `::0`) with MIG off, its GPU instance's MIG device otherwise.
+pub fn advertised_id(
+    ad: &gpu_share::agent::readvertised::Advertisement,
+    observed: &gpu_share::plan::ObservedNode,
+    w: &Workload,
+) -> Option<(String, String)> {
+    let gpu = observed.gpus.get(w.gpu)?;
+    let uuid = match w.gi {
+        None => gpu.uuid.clone()?,
+        Some(gi) => gpu
+            .compute_instances
+            .iter()
+            .find(|ci| ci.gi_id == gi)?
+            .uuid
+            .clone()?,
+    };
+    ad.devices
+        .iter()
+        .find(|(id, _)| id.split_once("::").map_or(id.as_str(), |(u, _)| u) == uuid)
+        .map(|(id, a)| (a.resource.clone(), id.clone()))
+}

@@ -1,0 +1,216 @@
+//! A profile change that keeps a device but advertises it otherwise (another ID, resource or
+//! sharing) drains the device's holders first, so the kubelet never hands it to a second pod;
+//! holders whose ID the kubelet still counts as theirs stay (src/agent/readvertised.rs).
+//!
+//! Each case is one a real kubelet 1.36 with NVIDIA's device plugin got wrong before this
+//! (time-slicing → exclusive, MIG strategy mixed → single, replicas 4 → 2), and its reverse.
+//! The real agent binary runs against the API double, the fake NVML and the simulated kubelet's
+//! PodResources endpoint, which lists each pod the API still holds with the device IDs the test
+//! allocated it, as the kubelet does (tests/node-sim/src/pod_resources.rs).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube_double::{fixtures, KubeDouble};
+use node_sim::*;
+use nvidia_ml::Gpu;
+
+const GPU: &str = "nvidia.com/gpu";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn time_sliced(replicas: u32) -> String {
+    format!("version: v1\nrules:\n  - devices: all\n    timeSlicing: {{replicas: {replicas}}}\n")
+}
+
+fn exclusive() -> String {
+    "version: v1\nrules:\n  - devices: all\n    exclusive: true\n".to_string()
+}
+
+fn mig_7x1g(strategy: &str) -> String {
+    format!(
+        "version: v1\nplugin:\n  migStrategy: {strategy}\nrules:\n  - devices: all\n    \
+         mig: {{1g.10gb: 7}}\n"
+    )
+}
+
+/// A node whose agent applied `from` (key `from`), with a simulated kubelet.
+struct Bed {
+    api: Arc<KubeDouble>,
+    node: AgentNode,
+    kubelet: PodResourcesKubelet,
+}
+
+impl Bed {
+    fn new(name: &str, gpus: Vec<Gpu>, profiles: &[(&str, String)], from: &str) -> Bed {
+        let api = Arc::new(KubeDouble::start());
+        profiles_configmap(&api, &[], profiles);
+        let mut node = AgentNode::new(&api, name, gpus);
+        let kubelet = PodResourcesKubelet::serve(&api, &node.name, &node.pod_resources_socket());
+        api.set_node_label(&node.name, PROFILE_LABEL, Some(from));
+        node.start_agent(&[], &[]);
+        let text = &profiles.iter().find(|(k, _)| *k == from).unwrap().1;
+        wait_applied_text(&api, &node, text, WAIT, from);
+        Bed { api, node, kubelet }
+    }
+
+    /// A pod (owned by a ReplicaSet, no process on the GPU) the kubelet handed `ids`.
+    fn holder(&self, pod: &str, resource: &str, ids: &[&str]) {
+        self.api.put_pod(fixtures::gpu_pod(
+            "default",
+            pod,
+            &self.node.name,
+            &[("app", pod)],
+            resource,
+            ids.len() as u32,
+        ));
+        self.kubelet.allocate("default", pod, resource, ids);
+    }
+
+    /// Relabel to `key` (whose text is `text`), wait for success, and return the pods evicted
+    /// by this change.
+    fn change_to(&self, key: &str, text: &str) -> BTreeSet<String> {
+        let before = evicted(&self.api);
+        self.api
+            .set_node_label(&self.node.name, PROFILE_LABEL, Some(key));
+        wait_applied_text(&self.api, &self.node, text, WAIT, key);
+        evicted(&self.api).difference(&before).cloned().collect()
+    }
+
+    fn gpu_uuid(&self, gpu: usize) -> String {
+        observe(&self.node.nvml_state()).gpus[gpu]
+            .uuid
+            .clone()
+            .expect("a GPU UUID")
+    }
+
+    fn mig_uuids(&self, gpu: usize) -> Vec<String> {
+        observe(&self.node.nvml_state()).gpus[gpu]
+            .compute_instances
+            .iter()
+            .filter_map(|ci| ci.uuid.clone())
+            .collect()
+    }
+}
+
+/// The notes of the Events with `reason`.
+fn notes(api: &KubeDouble, reason: &str) -> Vec<String> {
+    api.events()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+/// Replicas 4 → 2 drops `::2` and `::3`: only their holder leaves (the kubelet still counts
+/// `::1` as its holder's). 2 → 4 keeps every held ID: nobody leaves.
+#[test]
+fn fewer_replicas_drain_the_holders_of_dropped_ids_and_more_replicas_drain_none() {
+    let profiles = [("ts-4", time_sliced(4)), ("ts-2", time_sliced(2))];
+    let bed = Bed::new("gpu-replicas", h100s(1, false), &profiles, "ts-4");
+    let gpu = bed.gpu_uuid(0);
+    bed.holder("on-1", GPU, &[&format!("{gpu}::1")]);
+    bed.holder("on-3", GPU, &[&format!("{gpu}::3")]);
+
+    let gone = bed.change_to("ts-2", &profiles[1].1);
+    assert_eq!(gone, set(&["on-3"]), "{}", bed.node.log());
+    assert!(bed.api.pod("default", "on-1").is_some());
+    assert!(
+        bed.node.log().contains("is no longer advertised"),
+        "the log says why: {}",
+        bed.node.log()
+    );
+
+    let gone = bed.change_to("ts-4", &profiles[0].1);
+    assert!(gone.is_empty(), "more replicas, same names: {gone:?}");
+    assert!(!unschedulable(&bed.api, &bed.node.name));
+}
+
+/// Time-slicing → exclusive: every replica's holder leaves before the GPU is advertised whole
+/// (a 2-GPU pod was handed GPUs two time-sliced pods used). And back: the exclusive holder
+/// leaves before its GPU is advertised as replicas.
+#[test]
+fn time_slicing_to_exclusive_and_back_drains_the_holders_of_the_gpus() {
+    let profiles = [("ts-4", time_sliced(4)), ("whole", exclusive())];
+    let bed = Bed::new("gpu-ts-whole", h100s(2, false), &profiles, "ts-4");
+    let (gpu0, gpu1) = (bed.gpu_uuid(0), bed.gpu_uuid(1));
+    bed.holder("replica-a", GPU, &[&format!("{gpu0}::0")]);
+    bed.holder("replica-b", GPU, &[&format!("{gpu1}::2")]);
+
+    let gone = bed.change_to("whole", &profiles[1].1);
+    assert_eq!(gone, set(&["replica-a", "replica-b"]), "{}", bed.node.log());
+    assert!(
+        notes(&bed.api, "Reallocating")
+            .iter()
+            .any(|note| note.contains("replica-a") && note.contains("exclusive")),
+        "an Event names the pod and why"
+    );
+
+    bed.holder("whole-0", GPU, &[&gpu0]);
+    let gone = bed.change_to("ts-4", &profiles[0].1);
+    assert_eq!(gone, set(&["whole-0"]), "{}", bed.node.log());
+}
+
+/// MIG strategy mixed → single keeps every instance but advertises it as `nvidia.com/gpu`
+/// instead of `nvidia.com/mig-1g.10gb`: the holders leave (the MIG layout does not change, so
+/// nothing else would evict them). Single → mixed the same.
+#[test]
+fn a_mig_strategy_change_drains_the_holders_of_kept_instances() {
+    let profiles = [("mixed", mig_7x1g("mixed")), ("single", mig_7x1g("single"))];
+    let bed = Bed::new("gpu-strategy", h100s(1, true), &profiles, "mixed");
+    let migs = bed.mig_uuids(0);
+    assert_eq!(migs.len(), 7);
+    bed.holder("mig-a", "nvidia.com/mig-1g.10gb", &[&migs[0]]);
+    let destroyed_before = bed.node.count("nvmlGpuInstanceDestroy");
+
+    let gone = bed.change_to("single", &profiles[1].1);
+    assert_eq!(gone, set(&["mig-a"]), "{}", bed.node.log());
+    assert_eq!(
+        bed.node.count("nvmlGpuInstanceDestroy"),
+        destroyed_before,
+        "no instance was destroyed: only the advertisement changed"
+    );
+
+    bed.holder("mig-b", GPU, &[&migs[1]]);
+    let gone = bed.change_to("mixed", &profiles[0].1);
+    assert_eq!(gone, set(&["mig-b"]), "{}", bed.node.log());
+}
+
+/// An unchanged advertisement asks nothing of the kubelet and drains nothing: a resync of the
+/// same profile, or a profile text that differs only in its description.
+#[test]
+fn the_same_advertisement_drains_nobody() {
+    let same = format!("description: same devices\n{}", time_sliced(4));
+    let profiles = [("ts-4", time_sliced(4)), ("ts-4-again", same)];
+    let bed = Bed::new("gpu-same", h100s(1, false), &profiles, "ts-4");
+    let gpu = bed.gpu_uuid(0);
+    bed.holder("on-2", GPU, &[&format!("{gpu}::2")]);
+    let gone = bed.change_to("ts-4-again", &profiles[1].1);
+    assert!(gone.is_empty(), "{gone:?}");
+    assert!(notes(&bed.api, "Reallocating").is_empty());
+}
+
+/// Time-slicing → MPS with the same replica IDs under the same resource: the IDs stay, but the
+/// GPU is now shared through an MPS daemon its time-sliced holder is no client of. The agent
+/// knows how the IDs were shared from the advertisement it saved at the last apply.
+#[test]
+fn the_same_ids_shared_through_mps_instead_of_time_slicing_drain_their_holders() {
+    let mps = "version: v1\nrules:\n  - devices: all\n    mps: {replicas: 2}\n".to_string();
+    let profiles = [("ts-2", time_sliced(2)), ("mps-2", mps)];
+    let bed = Bed::new("gpu-ts-mps", h100s(1, false), &profiles, "ts-2");
+    let gpu = bed.gpu_uuid(0);
+    bed.holder("sliced", GPU, &[&format!("{gpu}::0")]);
+    let gone = bed.change_to("mps-2", &profiles[1].1);
+    assert_eq!(gone, set(&["sliced"]), "{}", bed.node.log());
+    assert!(
+        notes(&bed.api, "Reallocating")
+            .iter()
+            .any(|n| n.contains("goes from time-sliced to MPS")),
+        "{:?}",
+        notes(&bed.api, "Reallocating")
+    );
+}
