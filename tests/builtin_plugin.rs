@@ -134,11 +134,15 @@ fn builtin_node(
     (node, dp)
 }
 
-/// `gpu-share agent --plugin builtin` with `extra` flags on `node`, serving `dp`.
+/// `gpu-share agent --plugin builtin` with `extra` flags on `node`, serving `dp`. This file's
+/// kubelet is the Registration side only (its test dials the plugins itself), so nothing puts
+/// the lists on the Node: `success` does not wait for the Node's allocatable here
+/// (`--allocatable-timeout 0s`); tests/allocatable.rs tests that wait with node-sim's kubelet.
 fn start_builtin_agent(node: &mut AgentNode, dp: &Path, extra: &[&str]) {
     let mut cmd = node.agent_command();
     cmd.args(["agent", "--plugin", "builtin"])
         .args(extra)
+        .args(["--allocatable-timeout", "0s"])
         .args(["--plugin-health-ms", "200", "--kubelet-poll-ms", "100"])
         .args(["--lease-duration-secs", "2"])
         .arg("--device-plugin-dir")

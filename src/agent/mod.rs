@@ -6,6 +6,7 @@
 //! and the plugin config are re-checked). State is published on the Node as a label,
 //! annotations and Events; `/healthz`, `/readyz` and `/metrics` are served over HTTP.
 
+pub mod allocatable;
 pub mod devices_in_use;
 mod dra;
 pub mod drain;
@@ -144,6 +145,13 @@ pub struct AgentArgs {
     #[arg(long, env = "GPU_SHARE_API_TIMEOUT", default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub api_timeout_secs: u64,
+    /// After an apply, wait this long for the Node's allocatable to show what the plan
+    /// advertises before publishing `success` (`30s`, `2m`); past it the reconcile fails with
+    /// reason AllocatableMismatch, naming each resource's expected and seen counts, and is
+    /// retried. `0s`: do not wait. Not used with `--plugin dra` (no extended resources).
+    #[arg(long, env = "GPU_SHARE_ALLOCATABLE_TIMEOUT", default_value = "2m",
+          value_parser = humantime::parse_duration)]
+    pub allocatable_timeout: Duration,
     /// /healthz, /readyz and /metrics.
     #[arg(long, env = "GPU_SHARE_LISTEN", default_value = "0.0.0.0:9464")]
     pub listen: SocketAddr,
@@ -388,6 +396,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         cdi_refresh_owed: true.into(),
         inventory: Default::default(),
         dra_devices: (args.plugin == PluginKind::Dra).then(|| dra_devices.0.clone()),
+        allocatable_timeout: match args.plugin {
+            PluginKind::Dra => Duration::ZERO,
+            PluginKind::Nvidia | PluginKind::Builtin => args.allocatable_timeout,
+        },
     };
     let dra_plugin = match published_slices {
         Some(slices) => Some(start_dra_plugin(

@@ -103,6 +103,9 @@ pub struct Reconciler {
     /// `--plugin dra`: after each apply, the applied devices as the built-in plugin would
     /// advertise them, which is what the kubelet DRA plugin gives a container for each.
     pub dra_devices: Option<tokio::sync::watch::Sender<std::sync::Arc<Inventory>>>,
+    /// How long `success` waits for the Node's allocatable to show the plan
+    /// ([`super::allocatable`]); zero: not at all.
+    pub allocatable_timeout: Duration,
 }
 
 /// How a reconcile ended.
@@ -256,6 +259,9 @@ impl Reconciler {
                 if let Some(failed) = self.failed_node_writes() {
                     return failed;
                 }
+                if let Err(short) = self.wait_for_allocatable(key, &node_plan.resources).await {
+                    return short;
+                }
                 self.publish(
                     State::Success,
                     &format!("profile {key} applied"),
@@ -382,7 +388,12 @@ impl Reconciler {
             reallocated,
         } = *change;
         self.withdraw_going_away(key, profile, observed).await?;
-        let reason = format!("gpu-share: reconfiguring the GPUs for profile {key} ({hash:.12})");
+        let what = if todo.is_empty() {
+            "re-allocating the devices it advertises otherwise"
+        } else {
+            "reconfiguring MIG"
+        };
+        let reason = format!("gpu-share: {what} for profile {key} ({hash:.12})");
         let cordoned = node::cordon(&self.nodes(), &self.node_name, &reason)
             .await
             .map_err(|e| {

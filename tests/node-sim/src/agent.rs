@@ -71,6 +71,8 @@ pub struct AgentNode {
     pub dir: tempfile::TempDir,
     pub agent: Option<Child>,
     kubelet: Arc<AtomicBool>,
+    /// Whether the NVIDIA device-plugin double serves (crate::nvidia_plugin).
+    nvidia_plugin_up: Arc<AtomicBool>,
     /// PID → pod UID of the simulated workloads.
     workloads: Arc<Mutex<BTreeMap<u32, String>>>,
     logs: AtomicUsize,
@@ -120,10 +122,19 @@ impl AgentNode {
             dir,
             agent: None,
             kubelet: Arc::new(AtomicBool::new(true)),
+            nvidia_plugin_up: Arc::new(AtomicBool::new(true)),
             workloads: Arc::default(),
             logs: AtomicUsize::new(0),
         };
         node.run_kubelet(api);
+        crate::nvidia_plugin::run(
+            Arc::clone(api),
+            node.name.clone(),
+            node.plugin_config(),
+            node.nvml_state(),
+            node.kubelet.clone(),
+            node.nvidia_plugin_up.clone(),
+        );
         node
     }
 
@@ -223,6 +234,33 @@ impl AgentNode {
             cmd.env(k, v);
         }
         self.spawn(cmd);
+    }
+
+    /// The port of the agent's HTTP endpoint (/metrics, /healthz), from its first log line.
+    pub fn http_port(&self) -> u16 {
+        self.log()
+            .lines()
+            .find_map(|l| l.split("addr=").nth(1))
+            .and_then(|a| {
+                a.split_whitespace()
+                    .next()?
+                    .rsplit(':')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .expect("the agent logs its address")
+    }
+
+    /// NVIDIA's device plugin exits (say, on a config it refuses): its resources drop to 0
+    /// on the Node until [`Self::start_nvidia_plugin`].
+    pub fn stop_nvidia_plugin(&self) {
+        self.nvidia_plugin_up.store(false, Ordering::SeqCst);
+    }
+
+    /// NVIDIA's device plugin runs again, on the current config.
+    pub fn start_nvidia_plugin(&self) {
+        self.nvidia_plugin_up.store(true, Ordering::SeqCst);
     }
 
     pub fn kill_agent(&mut self) {

@@ -105,18 +105,30 @@ impl Kubelet {
             .lock()
             .unwrap()
             .insert(resource.to_string(), (healthy, listed));
-        self.api.modify::<Node>(None, &self.node, |n| {
-            let status = n.status.get_or_insert_with(Default::default);
-            status
-                .capacity
-                .get_or_insert_with(Default::default)
-                .insert(resource.to_string(), Quantity(listed.to_string()));
-            status
-                .allocatable
-                .get_or_insert_with(Default::default)
-                .insert(resource.to_string(), Quantity(healthy.to_string()));
-        });
+        set_node_counts(&self.api, &self.node, resource, healthy, listed);
     }
+}
+
+/// Set one resource's `status.capacity` (`listed`) and `status.allocatable` (`healthy`) on
+/// Node `node`, as the kubelet's node-status update does.
+pub(crate) fn set_node_counts(
+    api: &KubeDouble,
+    node: &str,
+    resource: &str,
+    healthy: usize,
+    listed: usize,
+) {
+    api.modify::<Node>(None, node, |n| {
+        let status = n.status.get_or_insert_with(Default::default);
+        status
+            .capacity
+            .get_or_insert_with(Default::default)
+            .insert(resource.to_string(), Quantity(listed.to_string()));
+        status
+            .allocatable
+            .get_or_insert_with(Default::default)
+            .insert(resource.to_string(), Quantity(healthy.to_string()));
+    });
 }
 
 /// A device-plugin client over the plugin's Unix socket, as the kubelet dials it (gRPC over

@@ -28,12 +28,14 @@ mod agent;
 mod cli;
 mod device_plugins;
 mod dra_kubelet;
+mod nvidia_plugin;
 mod pod_resources;
 
 pub use agent::*;
 pub use cli::*;
 pub use device_plugins::{dial_plugin, gpu_allocatable, Advertised, DevicePluginKubelet};
 pub use dra_kubelet::{claim, DraKubelet, KUBELET_DRA_SERVICES};
+pub use nvidia_plugin::nvidia_plugin_counts;
 pub use pod_resources::PodResourcesKubelet;
 
 pub const NS: &str = "gpu-share";
@@ -203,6 +205,11 @@ pub fn pending_steps(name: &str, observed: &ObservedNode) -> Vec<Step> {
 
 /// Observe a fake-NVML node the way an operator does: `gpu-share status -o json`.
 pub fn observe(nvml_state: &Path) -> ObservedNode {
+    try_observe(nvml_state).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`observe`], with a failure (say, the state file caught mid-write) as an error.
+pub fn try_observe(nvml_state: &Path) -> Result<ObservedNode, String> {
     let out = Command::new(gpu_share_bin())
         .args(["status", "-o", "json"])
         .env("GPU_SHARE_NVML_LIB", cdylib_path())
@@ -210,9 +217,11 @@ pub fn observe(nvml_state: &Path) -> ObservedNode {
         .env_remove("FAKE_NVML_LOG")
         .env("RUST_LOG", "warn")
         .output()
-        .expect("run gpu-share status");
-    assert!(out.status.success(), "status: {}", text(&out));
-    serde_json::from_slice(&out.stdout).expect("status JSON is an observed node")
+        .map_err(|e| format!("run gpu-share status: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("status: {}", text(&out)));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("status JSON: {e}"))
 }
 
 /// The node matches profile `name`: no MIG step left, nothing orphaned.
