@@ -19,7 +19,7 @@ use gpu_share::sharing::PluginKind;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube_double::{fixtures, KubeDouble};
+use kube_double::{fixtures, KubeDouble, Verb};
 use node_sim::{gpu_allocatable, h100s, AgentNode, DevicePluginKubelet};
 use std::sync::Arc;
 
@@ -324,6 +324,16 @@ fn a_real_run_relabels_one_node_at_a_time_within_the_budget() {
         .into_keys()
         .collect();
     assert_eq!(keys, ["advised-gpu-1", "advised-gpu-2"]);
+    // Every write (labels, profiles, status, Lease, Events) is recorded as the autopilot's
+    // (src/field_manager.rs); the test's own changes do not go through HTTP.
+    let others: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| matches!(r.verb, Verb::Create | Verb::Update | Verb::Patch))
+        .filter(|r| r.field_manager != "gpu-share-autopilot")
+        .map(|r| format!("{:?} {} as {:?}", r.verb, r.path, r.field_manager))
+        .collect();
+    assert!(others.is_empty(), "{others:#?}");
 }
 
 #[test]

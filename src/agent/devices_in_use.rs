@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use kube::Api;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -144,8 +144,12 @@ pub async fn publish(
         return Ok(false);
     }
     let patch = json!({"metadata": {"annotations": {DEVICES_IN_USE_ANNOTATION: text}}});
-    api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+    api.patch(
+        node,
+        &crate::field_manager::patch(crate::field_manager::AGENT),
+        &Patch::Merge(&patch),
+    )
+    .await?;
     Ok(true)
 }
 

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{EvictParams, ListParams};
+use kube::api::ListParams;
 use kube::Api;
 use tracing::{info, warn};
 
@@ -226,13 +226,19 @@ where
                 .timeout
                 .saturating_sub(started.elapsed())
                 .clamp(Duration::from_millis(100), Duration::from_secs(30));
-            let answer = tokio::time::timeout(limit, api.evict(&t.name, &EvictParams::default()))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(kube::Error::Service(
-                        format!("eviction request gave no answer within {limit:?}").into(),
-                    ))
-                });
+            let answer = tokio::time::timeout(
+                limit,
+                api.evict(
+                    &t.name,
+                    &crate::field_manager::evict(crate::field_manager::AGENT),
+                ),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(kube::Error::Service(
+                    format!("eviction request gave no answer within {limit:?}").into(),
+                ))
+            });
             match answer {
                 Ok(_) => {
                     metrics.eviction("evicted");

@@ -28,7 +28,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use tracing::{debug, error, info, warn};
 
 /// Slot Leases are named `gpu-share-drain-<i>`.
@@ -265,8 +265,12 @@ impl Ctx {
         spec.holder_identity = Some(self.holder.clone());
         spec.renew_time = Some(now);
         spec.lease_duration_seconds = Some(duration_secs(self.lease_duration));
-        self.call(self.api.replace(name, &PostParams::default(), &lease))
-            .await
+        self.call(self.api.replace(
+            name,
+            &crate::field_manager::post(crate::field_manager::AGENT),
+            &lease,
+        ))
+        .await
     }
 
     async fn create(&self, name: &str) -> Result<Lease, kube::Error> {
@@ -293,8 +297,11 @@ impl Ctx {
                 ..Default::default()
             }),
         };
-        self.call(self.api.create(&PostParams::default(), &lease))
-            .await
+        self.call(self.api.create(
+            &crate::field_manager::post(crate::field_manager::AGENT),
+            &lease,
+        ))
+        .await
     }
 
     /// Renews `name` if we still hold it.
@@ -356,7 +363,11 @@ impl Ctx {
             spec.holder_identity = None;
             spec.renew_time = Some(MicroTime(Timestamp::now()));
             match self
-                .call(self.api.replace(name, &PostParams::default(), &lease))
+                .call(self.api.replace(
+                    name,
+                    &crate::field_manager::post(crate::field_manager::AGENT),
+                    &lease,
+                ))
                 .await
             {
                 Ok(_) => return Ok(()),

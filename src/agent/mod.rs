@@ -285,9 +285,10 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 
 /// Run until SIGTERM/SIGINT.
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
-    let config = kube::Config::infer()
+    let mut config = kube::Config::infer()
         .await
         .context("cannot find the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    crate::field_manager::identify(&mut config, crate::field_manager::AGENT);
     // Watches are long requests that may rightly stay silent for minutes: they get kube's
     // defaults (no read timeout; kube-runtime's watcher has its own idle timeout). Every other
     // request goes through a client whose reads time out, so a request the API server never
@@ -659,6 +660,16 @@ async fn reconcile_loop(
     // config-manager advertised 0 GPUs at start-up (DP#1645).
     let _ = node_rx.wait_for(Option::is_some).await;
     let _ = cm_rx.wait_for(Option::is_some).await;
+    // A restarted agent's first scrape says the state the Node says, not 0 for every state
+    // until the next change (the first reconcile of an unchanged profile publishes nothing).
+    if let Some(state) = node_rx
+        .borrow()
+        .as_ref()
+        .and_then(|n| node::label(n, node::STATE_LABEL))
+        .filter(|s| metrics::STATES.contains(s))
+    {
+        reconciler.metrics.set_state(state);
+    }
     set_readiness(health, &doctor, None);
     let cms: Api<ConfigMap> = Api::namespaced(reconciler.client.clone(), &args.namespace);
     let resync = Duration::from_secs(args.resync_secs);

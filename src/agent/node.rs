@@ -56,7 +56,7 @@ pub fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
 }
 
 fn params() -> PatchParams {
-    PatchParams::default()
+    crate::field_manager::patch(crate::field_manager::AGENT)
 }
 
 /// Publish a state and its reason (and, on success, the applied hash).

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -131,7 +131,14 @@ impl Leader {
                 },
                 spec: Some(self.spec(now, None)),
             };
-            return match self.api.create(&PostParams::default(), &lease).await {
+            return match self
+                .api
+                .create(
+                    &crate::field_manager::post(crate::field_manager::AUTOPILOT),
+                    &lease,
+                )
+                .await
+            {
                 Ok(_) => Ok(Ok(())),
                 Err(e) if is_code(&e, 409) => Ok(Err("(a replica that created it first)".into())),
                 Err(e) => Err(e),
@@ -157,7 +164,11 @@ impl Leader {
         taken.spec = Some(spec);
         match self
             .api
-            .replace(&self.name, &PostParams::default(), &taken)
+            .replace(
+                &self.name,
+                &crate::field_manager::post(crate::field_manager::AUTOPILOT),
+                &taken,
+            )
             .await
         {
             Ok(_) => Ok(Ok(())),
@@ -192,7 +203,11 @@ impl Leader {
             spec.renew_time = Some(MicroTime(Timestamp::now()));
         }
         self.api
-            .replace(&self.name, &PostParams::default(), &lease)
+            .replace(
+                &self.name,
+                &crate::field_manager::post(crate::field_manager::AUTOPILOT),
+                &lease,
+            )
             .await?;
         Ok(Ok(()))
     }
@@ -237,7 +252,11 @@ impl Leader {
         }
         match self
             .api
-            .replace(&self.name, &PostParams::default(), &lease)
+            .replace(
+                &self.name,
+                &crate::field_manager::post(crate::field_manager::AUTOPILOT),
+                &lease,
+            )
             .await
         {
             Ok(_) => info!(lease = %self.name, "lease released"),

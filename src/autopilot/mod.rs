@@ -108,9 +108,10 @@ const RESYNC: Duration = Duration::from_secs(60);
 /// the Deployment restarts the process, which then waits for the Lease).
 pub async fn run(args: AutopilotArgs) -> anyhow::Result<()> {
     check_args(&args)?;
-    let config = kube::Config::infer()
+    let mut config = kube::Config::infer()
         .await
         .context("cannot find the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    crate::field_manager::identify(&mut config, crate::field_manager::AUTOPILOT);
     let watch_client = kube::Client::try_from(config.clone())?;
     let client = kube::Client::try_from(crate::agent::short_request_config(
         config,

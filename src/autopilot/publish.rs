@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::Resource;
 use serde::Serialize;
@@ -178,7 +178,11 @@ pub async fn write_status(api: &Api<ConfigMap>, name: &str, status: &Status) -> 
     let text = bounded(status)?;
     let patch = json!({ "data": { STATUS_KEY: text } });
     match api
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            name,
+            &crate::field_manager::patch(crate::field_manager::AUTOPILOT),
+            &Patch::Merge(&patch),
+        )
         .await
     {
         Ok(_) => Ok(()),
@@ -191,7 +195,11 @@ pub async fn write_status(api: &Api<ConfigMap>, name: &str, status: &Status) -> 
                 data: Some([(STATUS_KEY.to_string(), text)].into()),
                 ..Default::default()
             };
-            api.create(&PostParams::default(), &cm).await?;
+            api.create(
+                &crate::field_manager::post(crate::field_manager::AUTOPILOT),
+                &cm,
+            )
+            .await?;
             Ok(())
         }
         Err(e) => Err(e.into()),

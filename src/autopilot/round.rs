@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch};
 use kube::core::Selector;
 use kube::runtime::events::Recorder;
 use serde_json::json;
@@ -162,14 +162,18 @@ impl Round {
         if decision.write_key {
             let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &s.namespace);
             let patch = json!({ "data": { &decision.profile_key: &decision.profile_text } });
-            api.patch(&s.configmap, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .with_context(|| {
-                    format!(
-                        "ConfigMap {}/{} key {}",
-                        s.namespace, s.configmap, decision.profile_key
-                    )
-                })?;
+            api.patch(
+                &s.configmap,
+                &crate::field_manager::patch(crate::field_manager::AUTOPILOT),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .with_context(|| {
+                format!(
+                    "ConfigMap {}/{} key {}",
+                    s.namespace, s.configmap, decision.profile_key
+                )
+            })?;
         }
         if decision.set_label {
             let api: Api<Node> = Api::all(self.client.clone());
@@ -177,7 +181,7 @@ impl Round {
                 json!({ "metadata": { "labels": { PROFILE_LABEL: &decision.profile_key } } });
             api.patch(
                 &decision.node,
-                &PatchParams::default(),
+                &crate::field_manager::patch(crate::field_manager::AUTOPILOT),
                 &Patch::Merge(&patch),
             )
             .await

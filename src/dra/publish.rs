@@ -12,7 +12,7 @@
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams};
 use kube::Api;
 use tokio::sync::watch;
 use tracing::info;
@@ -151,7 +151,7 @@ impl Publisher {
     /// Creates and replaces first, deletes last (see the module doc); a slice already gone is
     /// not an error.
     async fn carry_out(&self, update: &PoolUpdate) -> Result<(), kube::Error> {
-        let post = PostParams::default();
+        let post = crate::field_manager::post(crate::field_manager::AGENT);
         for slice in &update.create {
             self.api.create(&post, slice).await?;
         }

@@ -98,6 +98,9 @@ pub struct RequestRecord {
     pub namespace: Option<String>,
     pub name: Option<String>,
     pub content_type: Option<String>,
+    /// Who the API server records the write as: `fieldManager`, else the User-Agent's product
+    /// (server.rs, `field_manager`).
+    pub field_manager: String,
     /// The HTTP status; `None` while the request is still being answered (or hangs).
     pub code: Option<u16>,
     /// An injected fault answered it.

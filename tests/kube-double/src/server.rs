@@ -125,6 +125,18 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The field manager a write is recorded under, as kube-apiserver names it
+/// (k8s.io/apiserver/pkg/endpoints/handlers/rest.go, `managerOrUserAgent`): the request's
+/// `fieldManager`, else the User-Agent up to its first `/` (Kubernetes documentation,
+/// "Server-Side Apply", field management: the manager of a request without one is taken from
+/// its user agent); empty when both are missing.
+fn field_manager(query: Option<&str>, user_agent: &str) -> String {
+    match query {
+        Some(m) if !m.is_empty() => m.to_string(),
+        _ => user_agent.split('/').next().unwrap_or("").to_string(),
+    }
+}
+
 fn parse_query(q: &str) -> Vec<(String, String)> {
     q.split('&')
         .filter(|p| !p.is_empty())
@@ -212,6 +224,12 @@ async fn handle(AxumState(shared): AxumState<Arc<Shared>>, req: Request) -> Resp
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    let user_agent = parts
+        .headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let field_manager = field_manager(query_get(&q, "fieldManager"), user_agent);
     let body = match to_bytes(body, 64 * 1024 * 1024).await {
         Ok(b) => b,
         Err(e) => return error_response(&ApiError::bad_request(format!("reading body: {e}"))),
@@ -249,6 +267,7 @@ async fn handle(AxumState(shared): AxumState<Arc<Shared>>, req: Request) -> Resp
                     namespace: None,
                     name: None,
                     content_type: content_type.clone(),
+                    field_manager: field_manager.clone(),
                     code: Some(r.status().as_u16()),
                     injected: false,
                 })
@@ -277,6 +296,7 @@ async fn handle(AxumState(shared): AxumState<Arc<Shared>>, req: Request) -> Resp
             namespace: target.namespace.clone(),
             name: target.name.clone(),
             content_type: content_type.clone(),
+            field_manager: field_manager.clone(),
             code: None,
             injected: false,
         });

@@ -236,18 +236,14 @@ impl AgentNode {
         self.spawn(cmd);
     }
 
-    /// The port of the agent's HTTP endpoint (/metrics, /healthz), from its first log line.
+    /// The port of the latest agent's HTTP endpoint (/metrics, /healthz), from its log.
     pub fn http_port(&self) -> u16 {
         self.log()
             .lines()
-            .find_map(|l| l.split("addr=").nth(1))
-            .and_then(|a| {
-                a.split_whitespace()
-                    .next()?
-                    .rsplit(':')
-                    .next()?
-                    .parse()
-                    .ok()
+            .rev()
+            .find_map(|l| {
+                let addr = l.split("addr=").nth(1)?.split_whitespace().next()?;
+                addr.rsplit(':').next()?.parse().ok()
             })
             .expect("the agent logs its address")
     }
