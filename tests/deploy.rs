@@ -621,6 +621,7 @@ fn request(
         namespace: ns.map(str::to_string),
         name: None,
         content_type: None,
+        field_manager: String::new(),
         code: None,
         injected: false,
     }
