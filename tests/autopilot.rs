@@ -642,14 +642,12 @@ fn on_a_simulated_node_with_running_pods_the_proposal_adds_beside_them_and_evict
     let created_before = node.count("nvmlDeviceCreateGpuInstanceWithPlacement");
     let dir = tempfile::tempdir().unwrap();
     let pilot = Autopilot::start(dir.path(), &api, "a", &["--plugin", "builtin"]);
-    // Nothing pending: the hand-written profile already serves the running pods as the
-    // proposal would, so the node keeps it (no relabel, no re-apply).
+    // Nothing pending: the hand-written profile already serves the running pods, so advise
+    // proposes it, unchanged and under its own key (src/advise/keep.rs): no relabel, no
+    // re-apply.
     wait_action(&api, &pilot, "gpu-1", "unchanged");
     let reason = status(&api).unwrap()["nodes"][0]["reason"].clone();
-    assert_eq!(
-        reason.as_str(),
-        Some("its profile start configures the GPUs as the proposal would")
-    );
+    assert_eq!(reason.as_str(), Some("runs start, the proposal"));
     assert_eq!(
         label(&api, "gpu-1", PROFILE_LABEL).as_deref(),
         Some("start")

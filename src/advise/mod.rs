@@ -8,6 +8,7 @@
 //! every proposal. [`live`] reads the same demand and supply from the API server.
 
 pub mod demand;
+mod keep;
 pub mod live;
 pub mod proposal;
 pub mod render;

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::demand::PodDemand;
+use super::keep::{carry_settings, serves_all, Current};
 use super::solver::{gib, GpuState, NodeState, Role, Solution, MAX_MPS_CLIENTS, MAX_TIME_SLICES};
 use super::supply::NodeNow;
 use crate::plan::plan_for;
@@ -122,8 +123,7 @@ fn node_advice(
     pods: &[PodDemand],
     plugin: PluginKind,
 ) -> NodeAdvice {
-    let key = profile_key(&state.name);
-    let profile = profile_for(state, plugin);
+    let (key, profile) = keep_what_serves(state, now, plugin);
     let mut problems: Vec<Problem> = check_key(&key).err().into_iter().collect();
     let mut advice = NodeAdvice {
         node: state.name.clone(),
@@ -172,6 +172,37 @@ fn node_advice(
     }
     advice.problems = problems;
     advice
+}
+
+/// The node's proposal key and profile: the solver's, unless the current profile serves it
+/// (then the current one, unchanged), with the current settings on what it keeps
+/// ([`super::keep`]).
+fn keep_what_serves(state: &NodeState, now: &NodeNow, plugin: PluginKind) -> (String, Profile) {
+    let key = profile_key(&state.name);
+    let proposal = profile_for(state, plugin);
+    let Some(running) = &now.current else {
+        return (key, proposal);
+    };
+    let current = Current {
+        name: &running.name,
+        profile: &running.profile,
+        gpus: &running.gpus,
+    };
+    let Ok(plan) = plan_for(&key, &proposal, &now.observed, plugin) else {
+        return (key, proposal);
+    };
+    let client_mib = |index: u32| {
+        state
+            .gpus
+            .iter()
+            .find(|g| g.index == index)
+            .map_or(0, |g| g.max_client_mib)
+    };
+    if serves_all(&plan.gpus, &current, client_mib) {
+        return (current.name.to_string(), current.profile.clone());
+    }
+    let carried = carry_settings(proposal, &key, &current, &now.observed, plugin);
+    (key, carried)
 }
 
 /// What one GPU's rule gives it; GPUs with equal specs share a rule.

@@ -51,6 +51,16 @@ pub struct NodeNow {
     pub observed: ObservedNode,
     /// Per GPU, in `observed.gpus` order.
     pub modes: Vec<PlannedMode>,
+    /// The profile it runs now, if the supply names one.
+    pub current: Option<CurrentProfile>,
+}
+
+/// A node's current profile: its key, its content and its plan's GPUs on the node.
+#[derive(Debug, Clone)]
+pub struct CurrentProfile {
+    pub name: String,
+    pub profile: Profile,
+    pub gpus: Vec<crate::sharing::GpuPlan>,
 }
 
 impl SupplyNode {
@@ -78,6 +88,7 @@ impl SupplyNode {
             }
         };
         let name = self.profile_name.as_deref().unwrap_or("current");
+        let mut current = None;
         let modes = match &self.profile {
             Some(profile) => {
                 let plan = plan_for(name, profile, &observed, plugin).map_err(|problems| {
@@ -93,7 +104,13 @@ impl SupplyNode {
                 if self.current.is_none() {
                     take_as_applied(&mut observed, &plan.gpus);
                 }
-                plan.gpus.into_iter().map(|g| g.mode).collect()
+                let modes = plan.gpus.iter().map(|g| g.mode.clone()).collect();
+                current = Some(CurrentProfile {
+                    name: name.to_string(),
+                    profile: profile.clone(),
+                    gpus: plan.gpus,
+                });
+                modes
             }
             None => observed.gpus.iter().map(mode_from_observed).collect(),
         };
@@ -101,6 +118,7 @@ impl SupplyNode {
             name: self.name.clone(),
             observed,
             modes,
+            current,
         })
     }
 }
