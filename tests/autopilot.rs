@@ -577,10 +577,21 @@ fn sigterm_gives_the_lease_back() {
 /// An opt-in node with one H100 (MIG off), GFD's labels, the simulated kubelet's device-plugin
 /// manager and a real agent running the built-in plugin.
 fn simulated_node(api: &Arc<KubeDouble>, name: &str) -> (AgentNode, DevicePluginKubelet) {
-    let mut node = AgentNode::new(api, name, h100s(1, false));
+    simulated_node_of(api, name, 1, "2")
+}
+
+/// [`simulated_node`] with `gpus` H100s and the agent's resync every `resync` seconds.
+fn simulated_node_of(
+    api: &Arc<KubeDouble>,
+    name: &str,
+    gpus: usize,
+    resync: &str,
+) -> (AgentNode, DevicePluginKubelet) {
+    let mut node = AgentNode::new(api, name, h100s(gpus, false));
+    let count = gpus.to_string();
     for (k, v) in [
         ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
-        ("nvidia.com/gpu.count", "1"),
+        ("nvidia.com/gpu.count", count.as_str()),
         ("gpu-share.dev/autopilot", "enabled"),
     ] {
         api.set_node_label(name, k, Some(v));
@@ -590,7 +601,7 @@ fn simulated_node(api: &Arc<KubeDouble>, name: &str) -> (AgentNode, DevicePlugin
     let mut cmd = node.agent_command();
     cmd.args(["agent", "--plugin", "builtin", "--plugin-reload", "none"])
         .args(["--plugin-health-ms", "200", "--kubelet-poll-ms", "100"])
-        .args(["--lease-duration-secs", "2", "--resync-secs", "2"])
+        .args(["--lease-duration-secs", "2", "--resync-secs", resync])
         .arg("--device-plugin-dir")
         .arg(&dp);
     node.spawn(cmd);
@@ -890,4 +901,86 @@ fn sigterm_during_a_long_round_is_not_lost() {
         .lease(NS, "gpu-share-autopilot")
         .and_then(|l| l.spec?.holder_identity);
     assert_eq!(holder, None, "{}", pilot.log());
+}
+
+/// The measured loss: the devices-in-use annotation lagged (the agent refreshes it after a
+/// reconcile), so advise matched a running pod to the wrong GPU and predicted no eviction,
+/// while the agent's drain, asking the kubelet, would evict it. Now the agent checks its drain
+/// against the prediction the autopilot wrote with the proposal: it refuses (state `blocked`,
+/// naming the pod, nothing evicted), publishes what the kubelet lists, and the autopilot
+/// re-plans around the pod.
+#[test]
+fn a_lagging_devices_in_use_annotation_blocks_the_drain_and_the_autopilot_replans() {
+    use node_sim::{wait_state, PodResourcesKubelet};
+
+    let api = Arc::new(KubeDouble::start());
+    let start = "version: v1\nrules:\n- devices: all\n  exclusive: true\n";
+    api.put_configmap(fixtures::configmap(NS, PROFILES, &[("start", start)]));
+    // A resync of 300 s: after its first pass the agent republishes nothing on its own.
+    let (node, _plugins) = simulated_node_of(&api, "gpu-1", 2, "300");
+    let kubelet = PodResourcesKubelet::serve(&api, "gpu-1", &node.pod_resources_socket());
+    api.set_node_label("gpu-1", PROFILE_LABEL, Some("start"));
+    wait_state(&api, &node, "success", WAIT);
+    // The agent's passes for `start` are over (the ConfigMap watch's catch-up pass included):
+    // it has published its devices-in-use, nobody, and with its long resync publishes no more.
+    assert!(api.wait_until(WAIT, |a| a
+        .node("gpu-1")
+        .and_then(|n| n
+            .metadata
+            .annotations?
+            .get("gpu-share.dev/devices-in-use")
+            .cloned())
+        .is_some()));
+    std::thread::sleep(Duration::from_secs(1));
+    // Now the kubelet gives GPU 1 to `held`; the annotation still lists nobody.
+    let gpu1 = node.nvml().gpus[1].uuid.clone();
+    api.put_pod(fixtures::gpu_pod(
+        "default",
+        "held",
+        "gpu-1",
+        &[("app", "held")],
+        "nvidia.com/gpu",
+        1,
+    ));
+    kubelet.allocate("default", "held", "nvidia.com/gpu", &[&gpu1]);
+    pending_pod(&api, "mig-0", "nvidia.com/mig-3g.40gb");
+
+    let dir = tempfile::tempdir().unwrap();
+    let pilot = Autopilot::start(dir.path(), &api, "a", &["--plugin", "builtin"]);
+    // Whatever the first proposal's guess, `held` is never evicted: either the guess was right
+    // (MIG on GPU 0), or the agent refuses to drain GPU 1 and the autopilot re-plans.
+    let ok = api.wait_until(Duration::from_secs(60), |a| {
+        gpu_allocatable(a, "gpu-1")
+            .get("nvidia.com/mig-3g.40gb")
+            .is_some_and(|n| *n >= 1)
+            && state(a, "gpu-1").as_deref() == Some("success")
+    });
+    assert!(
+        ok,
+        "status {:?}\n{}\n{}",
+        status(&api),
+        pilot.log(),
+        node.log()
+    );
+    assert!(
+        api.evictions().is_empty(),
+        "{:?}\n{}\n{}",
+        api.evictions(),
+        pilot.log(),
+        node.log()
+    );
+    assert!(api.pod("default", "held").is_some());
+    assert_eq!(node.nvml().gpus[1].mig.map(|m| m.current), Some(false));
+    // The first proposal guessed wrong (advise matches an unnamed pod to the first free GPU):
+    // the refusal is on record, naming the pod.
+    let refusals = events_for(&api, "gpu-1", "EvictionsNotPredicted");
+    assert!(
+        refusals.iter().any(|e| e.contains("default/held")),
+        "{refusals:?}\n{}",
+        node.log()
+    );
+}
+
+fn state(api: &KubeDouble, node: &str) -> Option<String> {
+    label(api, node, STATE_LABEL)
 }

@@ -23,7 +23,10 @@ use super::render::PROFILE_LABEL;
 use super::running::check_held_devices;
 use super::supply::{Supply, SupplyNode};
 use crate::agent::devices_in_use::DEVICES_IN_USE_ANNOTATION;
-use crate::agent::node::CORDON_ANNOTATION;
+use crate::agent::node::{
+    annotation as node_annotation, APPLIED_HASH_ANNOTATION, CORDON_ANNOTATION,
+};
+use crate::agent::reconcile::content_hash;
 use crate::gpu::MAX_SIMULATED_GPUS;
 use crate::mig::catalog;
 use crate::profile::{parse_profile, Profile};
@@ -239,7 +242,7 @@ fn supply_node(
         }
     };
     let name = node.metadata.name.clone().unwrap_or_default();
-    let (profile_name, profile) = match label(node, PROFILE_LABEL) {
+    let (profile_name, profile) = match running_profile(node, profiles) {
         None => (None, None),
         Some(key) => {
             let text = profiles.get(key).ok_or_else(|| {
@@ -266,6 +269,31 @@ fn supply_node(
         profile_name,
         profile,
     }))
+}
+
+/// The key of the profile the node runs: the one its label names, unless the agent has not
+/// applied that text (it is blocked or failed on it, or still working) while it did apply the
+/// text of another key (its `applied-hash`): then that one. advise plans from the GPUs as they
+/// are; a proposal the agent refused is not taken as applied (its layout would hide the pods
+/// it refused to evict).
+fn running_profile<'a>(node: &'a Node, profiles: &'a BTreeMap<String, String>) -> Option<&'a str> {
+    let labelled = label(node, PROFILE_LABEL)?;
+    let Some(applied) = node_annotation(node, APPLIED_HASH_ANNOTATION) else {
+        return Some(labelled);
+    };
+    let is_applied = |key: &str| {
+        profiles
+            .get(key)
+            .is_some_and(|t| content_hash(t) == applied)
+    };
+    if is_applied(labelled) {
+        return Some(labelled);
+    }
+    profiles
+        .keys()
+        .map(String::as_str)
+        .find(|k| is_applied(k))
+        .or(Some(labelled))
 }
 
 /// Why pods cannot be placed on the node now: not Ready, or cordoned by someone other than

@@ -45,6 +45,17 @@ pub enum DrainError {
     /// Nothing was evicted: evicting these pods would lose them or their data.
     #[error("not draining: {}; nothing was evicted", .pods.join("; "))]
     NotEvictable { pods: Vec<String> },
+    /// Nothing was evicted: the profile's author predicted other evictions.
+    #[error(
+        "not draining: the drain would evict {}, which the proposal did not predict (it \
+         predicted {}); nothing was evicted; its author re-plans with what the kubelet lists now",
+        .pods.join(", "),
+        if .predicted.is_empty() { "none".to_string() } else { .predicted.join(", ") }
+    )]
+    NotPredicted {
+        pods: Vec<String>,
+        predicted: Vec<String>,
+    },
 }
 
 /// A pod to evict, by namespace/name, and the UID that ties it to its processes.
@@ -159,6 +170,9 @@ pub struct Disturbed {
     pub pids: Vec<u32>,
     /// Pods the kubelet lists as holding those devices, running or not.
     pub holders: BTreeSet<PodName>,
+    /// The pods the profile's author said the change evicts (`namespace/name`), when it said:
+    /// a pod to evict outside it stops the drain before its first eviction.
+    pub predicted: Option<BTreeSet<String>>,
 }
 
 impl Disturbed {
@@ -199,6 +213,19 @@ where
         .filter(|(_, loss)| !loss.allowed(settings))
         .map(|(t, loss)| format!("{t}: {}", loss.explain()))
         .collect();
+    if let Some(predicted) = &disturbed.predicted {
+        let unpredicted: Vec<String> = targets
+            .iter()
+            .map(ToString::to_string)
+            .filter(|pod| !predicted.contains(pod))
+            .collect();
+        if !unpredicted.is_empty() {
+            return Err(DrainError::NotPredicted {
+                pods: unpredicted,
+                predicted: predicted.iter().cloned().collect(),
+            });
+        }
+    }
     if !not_evictable.is_empty() {
         return Err(DrainError::NotEvictable {
             pods: not_evictable,

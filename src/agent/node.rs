@@ -16,6 +16,30 @@ pub const REASON_ANNOTATION: &str = "gpu-share.dev/profile.reason";
 pub const APPLIED_HASH_ANNOTATION: &str = "gpu-share.dev/profile.applied-hash";
 /// Present while gpu-share holds the node cordoned; its value says why.
 pub const CORDON_ANNOTATION: &str = "gpu-share.dev/cordoned";
+/// The pods the author of a profile (the autopilot) predicted its change evicts, as JSON
+/// [`ExpectedEvictions`]: the agent drains no pod outside it for that profile.
+pub const EXPECTED_EVICTIONS_ANNOTATION: &str = "gpu-share.dev/expected-evictions";
+
+/// A prediction of the pods a profile's change evicts on a node. It holds for the profile
+/// text whose sha256 is `hash` only, so a prediction left from an earlier proposal, or a
+/// profile a person labelled, is not checked against it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExpectedEvictions {
+    /// sha256 of the profile text it was made for (the applied-hash of that text).
+    pub hash: String,
+    /// `namespace/name` of each pod.
+    pub pods: std::collections::BTreeSet<String>,
+}
+
+impl ExpectedEvictions {
+    /// The prediction on `node` made for the profile text hashed `hash`, if any.
+    pub fn on(node: &Node, hash: &str) -> Option<Self> {
+        let text = annotation(node, EXPECTED_EVICTIONS_ANNOTATION)?;
+        serde_json::from_str::<Self>(text)
+            .ok()
+            .filter(|e| e.hash == hash)
+    }
+}
 
 /// The reconcile states, as the state label spells them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +49,8 @@ pub enum State {
     Applying,
     Success,
     Failed,
-    /// Waiting for a pod the drain may not evict (a bare pod, emptyDir data) to go.
+    /// Waiting for a pod the drain may not evict (a bare pod, emptyDir data) to go, or for the
+    /// profile's author to predict the evictions the drain needs.
     Blocked,
 }
 

@@ -172,7 +172,8 @@ impl Reconciler {
             Outcome::Failed { .. } => "failed",
         };
         self.metrics.reconciled(result, started.elapsed());
-        if !matches!(outcome, Outcome::Failed { .. }) {
+        // After a refused prediction too: its author re-plans from what the kubelet lists now.
+        if !matches!(outcome, Outcome::Failed { reason, .. } if reason != EVICTIONS_NOT_PREDICTED) {
             self.publish_devices_in_use(seen).await;
         }
         outcome
@@ -405,6 +406,7 @@ impl Reconciler {
             self.event(EventType::Normal, "Cordoned", &reason).await;
         }
         let mut disturbed = self.disturbed(todo, observed).await;
+        disturbed.predicted = self.predicted_evictions(hash).await;
         disturbed
             .holders
             .extend(reallocated.iter().map(|(held, _)| held.pod.clone()));
@@ -446,6 +448,7 @@ impl Reconciler {
             .await
             .map_err(|e| match e {
                 DrainError::NotEvictable { .. } => failed(POD_NOT_EVICTABLE, e),
+                DrainError::NotPredicted { .. } => failed(EVICTIONS_NOT_PREDICTED, e),
                 _ => failed("DrainTimeout", e),
             })?;
             self.event(
@@ -469,6 +472,14 @@ impl Reconciler {
         self.publish(State::Applying, &format!("applying profile {key}"), None)
             .await;
         self.run_apply(key, profile, None).await
+    }
+
+    /// The autopilot's prediction of the evictions for the profile text hashed `hash`, from a
+    /// fresh read of the Node; none when there is none for this text (or the read fails: the
+    /// drain then goes on as for a profile a person wrote).
+    async fn predicted_evictions(&self, hash: &str) -> Option<BTreeSet<String>> {
+        let node = self.nodes().get(&self.node_name).await.ok()?;
+        node::ExpectedEvictions::on(&node, hash).map(|e| e.pods)
     }
 
     /// What the MIG steps disturb: the processes NVML shows on the devices that go away, and
@@ -496,7 +507,11 @@ impl Reconciler {
                 }
             }
         };
-        Disturbed { pids, holders }
+        Disturbed {
+            pids,
+            holders,
+            predicted: None,
+        }
     }
 
     /// `gpu-share apply` on this node (blocking NVML work off the async threads), then restart
@@ -708,7 +723,7 @@ impl Reconciler {
         self.metrics.failed(reason);
         // A drain that would lose a pod waits for a person (or the pod's end), not for a fix
         // of the profile: `blocked`, not `failed`. It is retried like any failure.
-        let state = if reason == POD_NOT_EVICTABLE {
+        let state = if reason == POD_NOT_EVICTABLE || reason == EVICTIONS_NOT_PREDICTED {
             State::Blocked
         } else {
             State::Failed
@@ -768,6 +783,10 @@ pub(super) fn invalid(problems: &[Problem]) -> Outcome {
 /// The reason of a drain refused before its first eviction, because a pod would be lost with
 /// it (a bare pod, emptyDir data); published as state `blocked`.
 pub(super) const POD_NOT_EVICTABLE: &str = "PodNotEvictable";
+
+/// The reason of a drain refused before its first eviction because it would evict pods the
+/// profile's author (the autopilot) did not predict; published as state `blocked`.
+pub(super) const EVICTIONS_NOT_PREDICTED: &str = "EvictionsNotPredicted";
 
 pub(super) fn failed(reason: &'static str, e: impl std::fmt::Display) -> Outcome {
     Outcome::Failed {

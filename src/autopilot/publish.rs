@@ -338,6 +338,11 @@ mod tests {
             profile_text: String::new(),
             write_key: false,
             set_label: false,
+            prediction: crate::agent::node::ExpectedEvictions {
+                hash: String::new(),
+                pods: Default::default(),
+            },
+            write_prediction: false,
         };
         let note = event_for(&decision).unwrap().note.unwrap();
         assert!(note.len() <= MAX_NOTE_BYTES, "{} bytes", note.len());

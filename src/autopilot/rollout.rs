@@ -13,7 +13,7 @@ use kube::core::{Selector, SelectorExt};
 use serde::Serialize;
 
 use crate::advise::{Advice, NodeAdvice};
-use crate::agent::node::REASON_ANNOTATION as REASON;
+use crate::agent::node::{ExpectedEvictions, REASON_ANNOTATION as REASON};
 use crate::agent::reconcile::content_hash;
 use crate::profile::parse_profile;
 
@@ -56,6 +56,8 @@ pub struct NodeView {
     pub state: Option<String>,
     /// `gpu-share.dev/profile.applied-hash`.
     pub applied_hash: Option<String>,
+    /// `gpu-share.dev/expected-evictions`: the prediction written with the last proposal.
+    pub expected: Option<ExpectedEvictions>,
 }
 
 impl NodeView {
@@ -123,6 +125,11 @@ pub struct Decision {
     pub write_key: bool,
     /// Point the node's label at the key.
     pub set_label: bool,
+    /// The pods the proposal evicts, for the profile text as written: the agent drains no
+    /// other pod for it (`ExpectedEvictions`).
+    pub prediction: ExpectedEvictions,
+    /// Write `prediction` on the node (it differs from the one there).
+    pub write_prediction: bool,
 }
 
 /// The nodes changing now: labelled but not settled, or holding a drain slot.
@@ -166,6 +173,10 @@ fn decide_node(
     let text = serde_yaml::to_string(&advice.profile).unwrap_or_default();
     let view = input.nodes.get(&advice.node).cloned().unwrap_or_default();
     let key_matches = input.profiles.get(key) == Some(&text);
+    let prediction = ExpectedEvictions {
+        hash: content_hash(&text),
+        pods: advice.pods_evicted.iter().cloned().collect(),
+    };
     let mut decision = Decision {
         node: advice.node.clone(),
         profile_key: key.clone(),
@@ -174,13 +185,24 @@ fn decide_node(
         profile_text: text,
         write_key: !key_matches,
         set_label: view.profile.as_deref() != Some(key.as_str()),
+        write_prediction: view.expected.as_ref() != Some(&prediction),
+        prediction,
     };
     let equivalent = input.equivalent.contains(&advice.node);
-    if let Some(why) = runs_it_already(&view, advice, input.profiles, key_matches, equivalent) {
-        decision.reason = why;
-        decision.write_key = false;
-        decision.set_label = false;
-        return decision;
+    // The agent refused the drain of this very proposal: it would evict pods the prediction
+    // left out (the devices-in-use annotation lagged). This round's prediction, made from what
+    // the agent published since, is written; the proposal text itself may have changed too.
+    let replan = view.state.as_deref() == Some("blocked")
+        && view.profile.as_deref() == Some(key.as_str())
+        && decision.write_prediction;
+    if !replan {
+        if let Some(why) = runs_it_already(&view, advice, input.profiles, key_matches, equivalent) {
+            decision.reason = why;
+            decision.write_key = false;
+            decision.set_label = false;
+            decision.write_prediction = false;
+            return decision;
+        }
     }
     if let Some(why) = blocked_by_pdb(advice, input.pdbs, input.pod_labels) {
         decision.action = Action::BlockedPdb;
@@ -209,7 +231,8 @@ fn decide_node(
     let what = match (decision.write_key, decision.set_label) {
         (true, true) => format!("profile {key} written and selected"),
         (true, false) => format!("profile {key} rewritten"),
-        _ => format!("profile {key} selected"),
+        (false, true) => format!("profile {key} selected"),
+        (false, false) => format!("profile {key}: evictions predicted again"),
     };
     let summary = format!(
         "{what}: {} pod(s) served, {} evicted, {} instance(s) destroyed, {} created",

@@ -46,6 +46,7 @@ fn view(name: &str, profile: Option<&str>, state: Option<&str>, hash: Option<&st
         profile: profile.map(str::to_string),
         state: state.map(str::to_string),
         applied_hash: hash.map(str::to_string),
+        expected: None,
     }
 }
 

@@ -21,7 +21,10 @@ use super::rollout::{self, Action, Budget, Decision, NodeView, RolloutInput};
 use crate::advise::live::{self, Cluster};
 use crate::advise::{self, Phase};
 use crate::agent::lease::SLOT_PREFIX;
-use crate::agent::node::{annotation, label, APPLIED_HASH_ANNOTATION, PROFILE_LABEL, STATE_LABEL};
+use crate::agent::node::{
+    annotation, label, APPLIED_HASH_ANNOTATION, EXPECTED_EVICTIONS_ANNOTATION, PROFILE_LABEL,
+    STATE_LABEL,
+};
 use crate::plan::plan_for;
 use crate::sharing::{PlannedMode, PluginKind};
 
@@ -155,10 +158,30 @@ impl Round {
         Ok(status)
     }
 
-    /// Apply a decision: the ConfigMap key first (the agent reads it when the label moves),
-    /// then the label. Nothing else on the Node or the ConfigMap is touched.
+    /// Apply a decision: the prediction of its evictions first (the agent checks its drain
+    /// against it as soon as it sees the new text), then the ConfigMap key (the agent reads it
+    /// when the label moves), then the label. Nothing else on the Node or the ConfigMap is
+    /// touched.
     async fn write(&self, decision: &Decision) -> anyhow::Result<()> {
         let s = &self.settings;
+        if decision.write_prediction || decision.write_key || decision.set_label {
+            let api: Api<Node> = Api::all(self.client.clone());
+            let prediction = serde_json::to_string(&decision.prediction)?;
+            let patch = json!({ "metadata": { "annotations": {
+                EXPECTED_EVICTIONS_ANNOTATION: prediction } } });
+            api.patch(
+                &decision.node,
+                &crate::field_manager::patch(crate::field_manager::AUTOPILOT),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .with_context(|| {
+                format!(
+                    "node {} annotation {EXPECTED_EVICTIONS_ANNOTATION}",
+                    decision.node
+                )
+            })?;
+        }
         if decision.write_key {
             let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &s.namespace);
             let patch = json!({ "data": { &decision.profile_key: &decision.profile_text } });
@@ -363,6 +386,8 @@ fn node_views(cluster: &Cluster) -> BTreeMap<String, NodeView> {
                 profile: label(n, PROFILE_LABEL).map(str::to_string),
                 state: label(n, STATE_LABEL).map(str::to_string),
                 applied_hash: annotation(n, APPLIED_HASH_ANNOTATION).map(str::to_string),
+                expected: annotation(n, EXPECTED_EVICTIONS_ANNOTATION)
+                    .and_then(|t| serde_json::from_str(t).ok()),
             };
             Some((name, view))
         })

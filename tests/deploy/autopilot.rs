@@ -569,7 +569,16 @@ fn the_node_policy_lets_the_autopilot_set_only_its_advised_profile_on_opted_in_n
         &edited(&old, |n| {
             n["metadata"]["annotations"]["gpu-share.dev/profile.reason"] = json!("mine")
         }),
-        "deny: may not change a node's annotations",
+        "deny: only the annotation gpu-share.dev/expected-evictions",
+    );
+    check(
+        "the prediction of its proposal's evictions",
+        &old,
+        &edited(&old, |n| {
+            n["metadata"]["annotations"]["gpu-share.dev/expected-evictions"] =
+                json!(r#"{"hash":"ab","pods":["ml/a"]}"#)
+        }),
+        "allow",
     );
     check(
         "removing the annotations",
@@ -577,7 +586,7 @@ fn the_node_policy_lets_the_autopilot_set_only_its_advised_profile_on_opted_in_n
         &edited(&old, |n| {
             n["metadata"].as_object_mut().unwrap().remove("annotations");
         }),
-        "deny: may not change a node's annotations",
+        "deny: only the annotation gpu-share.dev/expected-evictions",
     );
     check(
         "a taint",
