@@ -13,12 +13,23 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
+// The limits of resource.k8s.io/v1 as Kubernetes 1.36 documents them on its types (k8s.io/api
+// resource/v1 types.go; the same text in the published clients' docs, e.g.
+// kubernetes-client/python V1ResourceSliceSpec, V1Device, V1CounterSet). A real 1.36.2 API
+// server refused a slice holding both devices and counter sets: "only one of sharedCounters or
+// devices is allowed".
+
 /// `ResourceSliceSpec.devices`: "Must not have more than 128 entries."
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
-/// `ResourceSliceSpec.sharedCounters`: "The maximum number of counters in all sets is 32."
-pub const MAX_SHARED_COUNTERS_PER_SLICE: usize = 32;
-/// `Device.consumesCounters`: "the total number in the entire ResourceSlice must be <= 1024".
-pub const MAX_CONSUMED_COUNTERS_PER_SLICE: usize = 1024;
+/// `ResourceSliceSpec.devices`: "If any device uses taints or consumes counters the limit is
+/// 64."
+pub const MAX_DEVICES_PER_SLICE_CONSUMING_COUNTERS: usize = 64;
+/// `ResourceSliceSpec.sharedCounters`: "The maximum number of counter sets is 8." Only one of
+/// `devices` and `sharedCounters` can be set in a slice.
+pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
+/// `CounterSet.counters` (and `DeviceCounterConsumption.counters`): "The maximum number of
+/// counters is 32."
+pub const MAX_COUNTERS_PER_SET: usize = 32;
 /// `Device`: "The maximum number of attributes and capacities combined is 32."
 pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
 

@@ -8,7 +8,8 @@
 //! resources: a whole exclusive GPU, a MIG device, or one share of a time-sliced or MPS GPU (or
 //! MIG device). All devices of a node are one pool named after the node, split into several
 //! slices when the API's per-slice limits ([`api::MAX_DEVICES_PER_SLICE`] and the counter limits)
-//! require it.
+//! require it; counter sets go in slices of their own (the v1 API allows a slice devices or
+//! counter sets, not both).
 //!
 //! Shared counters (KEP-4815) describe what is physically partitioned: a MIG GPU declares its
 //! compute and memory slices, and each unshared MIG device consumes its profile's slices, so the
@@ -103,48 +104,40 @@ struct GpuDevices {
     counters: Option<CounterSet>,
 }
 
-/// Slices as (devices, counter sets): GPUs in order, a GPU with a counter set kept whole in one
-/// slice (the API resolves `consumesCounters` within the slice), a new slice started before any
-/// limit would be passed. A GPU without counters may spread over slices (its shares are
-/// independent devices).
+/// Slices as (devices, counter sets). resource.k8s.io/v1 lets a slice hold devices or
+/// counter sets, never both, and resolves a device's `consumesCounters` by counter-set name
+/// within the pool: the devices go first, GPUs in order, a new slice started before 128 devices
+/// (64 once one of them consumes counters); then the counter sets, 8 to a slice. A node without
+/// MIG GPUs has device slices only, so their names stay as before.
 fn pack(groups: Vec<GpuDevices>) -> Vec<(Vec<Device>, Vec<CounterSet>)> {
-    let mut slices: Vec<(Vec<Device>, Vec<CounterSet>)> = vec![(Vec::new(), Vec::new())];
+    let mut slices: Vec<(Vec<Device>, Vec<CounterSet>)> = Vec::new();
+    let mut sets = Vec::new();
+    let mut current: Vec<Device> = Vec::new();
     for group in groups {
-        if let Some(set) = group.counters {
-            let current = slices.last().expect("never empty");
-            let counters = declared_counters(&current.1) + set.counters.len();
-            let consumed = consumed_counters(&current.0) + consumed_counters(&group.devices);
-            if current.0.len() + group.devices.len() > api::MAX_DEVICES_PER_SLICE
-                || counters > api::MAX_SHARED_COUNTERS_PER_SLICE
-                || consumed > api::MAX_CONSUMED_COUNTERS_PER_SLICE
-            {
-                slices.push((Vec::new(), Vec::new()));
-            }
-            let current = slices.last_mut().expect("never empty");
-            current.1.push(set);
-            current.0.extend(group.devices);
-            continue;
-        }
+        sets.extend(group.counters);
         for device in group.devices {
-            if slices.last().expect("never empty").0.len() == api::MAX_DEVICES_PER_SLICE {
-                slices.push((Vec::new(), Vec::new()));
+            let consuming = current
+                .iter()
+                .chain([&device])
+                .any(|d| !d.consumes_counters.is_empty());
+            let limit = if consuming {
+                api::MAX_DEVICES_PER_SLICE_CONSUMING_COUNTERS
+            } else {
+                api::MAX_DEVICES_PER_SLICE
+            };
+            if current.len() + 1 > limit {
+                slices.push((std::mem::take(&mut current), Vec::new()));
             }
-            slices.last_mut().expect("never empty").0.push(device);
+            current.push(device);
         }
     }
+    if !current.is_empty() || slices.is_empty() {
+        slices.push((current, Vec::new()));
+    }
+    for chunk in sets.chunks(api::MAX_COUNTER_SETS_PER_SLICE) {
+        slices.push((Vec::new(), chunk.to_vec()));
+    }
     slices
-}
-
-fn declared_counters(sets: &[CounterSet]) -> usize {
-    sets.iter().map(|s| s.counters.len()).sum()
-}
-
-fn consumed_counters(devices: &[Device]) -> usize {
-    devices
-        .iter()
-        .flat_map(|d| &d.consumes_counters)
-        .map(|c| c.counters.len())
-        .sum()
 }
 
 /// The devices of one planned GPU.

@@ -151,41 +151,56 @@ fn counter_value(counter: &Counter) -> u64 {
     counter.value.0.parse().expect("counters are plain counts")
 }
 
-/// No device consumes a counter its slice does not declare, and the consumption of each
-/// counter, summed over the slice's devices, stays within it.
+/// Every slice is one the v1 API accepts (devices or counter sets, never both; at most 64
+/// devices once one consumes counters; at most 8 counter sets); no device consumes a counter the
+/// pool does not declare, and the consumption of each counter, summed over the pool's devices,
+/// stays within it.
 fn assert_counters_consistent(context: &str, slices: &[ResourceSlice]) {
+    let mut declared: BTreeMap<(&str, &str), u64> = BTreeMap::new();
     for slice in slices {
-        let declared: BTreeMap<(&str, &str), u64> = (slice.spec.shared_counters.iter())
-            .flat_map(|set| {
-                (set.counters.iter())
-                    .map(|(c, v)| ((set.name.as_str(), c.as_str()), counter_value(v)))
-            })
-            .collect();
+        let spec = &slice.spec;
         assert!(
-            declared.len() <= api::MAX_SHARED_COUNTERS_PER_SLICE,
+            spec.devices.is_empty() || spec.shared_counters.is_empty(),
+            "{context}: a slice holds devices and counter sets"
+        );
+        assert!(
+            spec.shared_counters.len() <= api::MAX_COUNTER_SETS_PER_SLICE,
             "{context}"
         );
-        let mut used: BTreeMap<(&str, &str), u64> = BTreeMap::new();
-        for device in &slice.spec.devices {
-            for consumption in &device.consumes_counters {
-                for (c, v) in &consumption.counters {
-                    let key = (consumption.counter_set.as_str(), c.as_str());
-                    assert!(
-                        declared.contains_key(&key),
-                        "{context}: {} uses {key:?}",
-                        device.name
-                    );
-                    *used.entry(key).or_default() += counter_value(v);
-                }
-            }
-        }
-        for (key, sum) in used {
+        if spec.devices.iter().any(|d| !d.consumes_counters.is_empty()) {
             assert!(
-                sum <= declared[&key],
-                "{context}: {key:?} {sum} > {}",
-                declared[&key]
+                spec.devices.len() <= api::MAX_DEVICES_PER_SLICE_CONSUMING_COUNTERS,
+                "{context}: {} devices",
+                spec.devices.len()
             );
         }
+        for set in &spec.shared_counters {
+            assert!(set.counters.len() <= api::MAX_COUNTERS_PER_SET, "{context}");
+            for (c, v) in &set.counters {
+                declared.insert((set.name.as_str(), c.as_str()), counter_value(v));
+            }
+        }
+    }
+    let mut used: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    for device in slices.iter().flat_map(|s| &s.spec.devices) {
+        for consumption in &device.consumes_counters {
+            for (c, v) in &consumption.counters {
+                let key = (consumption.counter_set.as_str(), c.as_str());
+                assert!(
+                    declared.contains_key(&key),
+                    "{context}: {} uses {key:?}",
+                    device.name
+                );
+                *used.entry(key).or_default() += counter_value(v);
+            }
+        }
+    }
+    for (key, sum) in used {
+        assert!(
+            sum <= declared[&key],
+            "{context}: {key:?} {sum} > {}",
+            declared[&key]
+        );
     }
 }
 
@@ -237,29 +252,35 @@ fn more_than_128_devices_split_into_several_slices_of_one_pool() {
     assert_eq!(devices.len(), 384);
 }
 
+/// resource.k8s.io/v1 (1.36): a slice holds devices or counter sets, not both (a real API
+/// server refused the old layout with "only one of sharedCounters or devices is allowed"), and
+/// at most 64 devices once one consumes counters.
 #[test]
-fn a_mig_gpu_stays_whole_in_one_slice_with_its_counters() {
-    // GPUs 0-7: 128 time-sliced shares fill the first slice; GPUs 8-15 are MIG.
+fn counter_sets_get_slices_of_their_own_and_consuming_devices_go_64_to_a_slice() {
+    // GPUs 0-7: 120 time-sliced shares; GPUs 8-15: 7 MIG devices each, 56 in all.
     let profile = "version: v1\nplugin: {migStrategy: mixed}\nrules:\n  - devices: [\"0-7\"]\n    timeSlicing: {replicas: 15}\n  - devices: [\"8-15\"]\n    mig: {1g.10gb: 7}\n";
     let (plan, node) = planned(profile, "h100x16");
     let slices = resource_slices("node-a", 1, &plan.gpus, &node);
     assert_counters_consistent("16 GPUs", &slices);
-    assert_eq!(slices.len(), 2);
-    // 8 × 15 = 120 shares, and GPU 8's seven MIG devices fit (127); GPU 9's seven would pass
-    // 128, and are not split to fill the last place: GPU 9 starts slice 2 with its counters.
-    assert_eq!(slices[0].spec.devices.len(), 127);
-    let sets = |k: usize| -> Vec<&str> {
-        (slices[k].spec.shared_counters.iter())
-            .map(|s| s.name.as_str())
-            .collect()
-    };
-    assert_eq!(sets(0), ["gpu-8"]);
-    assert_eq!(slices[1].spec.devices.len(), 49);
-    assert_eq!(
-        sets(1),
-        ["gpu-9", "gpu-10", "gpu-11", "gpu-12", "gpu-13", "gpu-14", "gpu-15"]
-    );
-    assert!(slices.iter().all(|s| s.spec.pool.resource_slice_count == 2));
+    let shape: Vec<(usize, usize)> = slices
+        .iter()
+        .map(|s| (s.spec.devices.len(), s.spec.shared_counters.len()))
+        .collect();
+    // The shares fill a slice of their own (the 121st device consumes counters: that slice
+    // would then hold at most 64); the MIG devices the next; the 8 counter sets the last.
+    assert_eq!(shape, [(120, 0), (56, 0), (0, 8)]);
+    assert!(slices.iter().all(|s| s.spec.pool.resource_slice_count == 3));
+
+    // 16 MIG GPUs × 7 = 112 consuming devices: 64 + 48, then 16 sets in two slices of 8.
+    let all_mig = "version: v1\nrules:\n  - devices: all\n    mig: {1g.10gb: 7}\n";
+    let (plan, node) = planned(all_mig, "h100x16");
+    let slices = resource_slices("node-a", 1, &plan.gpus, &node);
+    assert_counters_consistent("16 MIG GPUs", &slices);
+    let shape: Vec<(usize, usize)> = slices
+        .iter()
+        .map(|s| (s.spec.devices.len(), s.spec.shared_counters.len()))
+        .collect();
+    assert_eq!(shape, [(64, 0), (48, 0), (0, 8), (0, 8)]);
 }
 
 #[test]

@@ -24,6 +24,7 @@ mod selectors;
 mod server;
 mod status;
 mod store;
+mod validation;
 
 pub mod fixtures;
 

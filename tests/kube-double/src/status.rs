@@ -87,12 +87,19 @@ impl ApiError {
         ApiError::new(400, "BadRequest", message)
     }
 
-    /// 422 `<Kind> "<name>" is invalid: <field>: <what>`.
+    /// 422 `<Kind>[.<group>] "<name>" is invalid: <field>: <what>`: the apiserver names the
+    /// kind with its group outside the core group (apimachinery `errors.NewInvalid` with the
+    /// GroupKind), e.g. `ResourceSlice.resource.k8s.io "n-0" is invalid: spec: ...`.
     pub fn invalid(kind: &KindInfo, name: &str, field: &str, what: &str) -> Self {
+        let group_kind = if kind.group.is_empty() {
+            kind.kind.to_string()
+        } else {
+            format!("{}.{}", kind.kind, kind.group)
+        };
         let mut e = ApiError::new(
             422,
             "Invalid",
-            format!("{} \"{}\" is invalid: {}: {}", kind.kind, name, field, what),
+            format!("{group_kind} \"{name}\" is invalid: {field}: {what}"),
         )
         .with_details(kind, name);
         if let Some(Value::Object(d)) = e.details.as_mut() {

@@ -10,7 +10,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
-use crate::kinds::{KindId, KindInfo, EVENTS, KINDS, PDBS, PODS};
+use crate::kinds::{KindId, KindInfo, EVENTS, KINDS, PDBS, PODS, RESOURCE_SLICES};
 use crate::patch;
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::status::{success_status, ApiError};
@@ -1503,9 +1503,12 @@ impl State {
 }
 
 /// Field validation the apiserver applies to writes, where the agent could get it wrong:
-/// events.k8s.io/v1 Events need eventTime, type, reportingController, reportingInstance,
+/// ResourceSlices as `crate::validation` says; events.k8s.io/v1 Events need eventTime, type, reportingController, reportingInstance,
 /// action and reason, with the apiserver's length limits.
 fn validate(kind: KindId, obj: &Value) -> Result<(), ApiError> {
+    if kind == RESOURCE_SLICES {
+        return crate::validation::resource_slice(&KINDS[kind], meta_str(obj, "name"), obj);
+    }
     if kind != EVENTS {
         return Ok(());
     }

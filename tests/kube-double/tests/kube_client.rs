@@ -1111,3 +1111,111 @@ async fn dra_resource_slices_and_device_classes() {
     slices.delete("a", &DeleteParams::default()).await.unwrap();
     assert_eq!(double.resource_slices().len(), 2);
 }
+
+/// The apiserver's ResourceSlice refusals the double copies (src/validation.rs, the limits
+/// of the resource.k8s.io/v1 types as Kubernetes 1.36 documents them), one case per rule: each
+/// object is refused with 422 and the apiserver's field and detail; each limit itself passes.
+#[tokio::test]
+async fn dra_resource_slices_the_apiserver_refuses_are_refused() {
+    use kube::api::{DynamicObject, GroupVersionKind};
+    use kube::discovery::pinned_kind;
+
+    let double = KubeDouble::start();
+    let client = double.client();
+    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
+    let (resource, _) = pinned_kind(&client, &gvk).await.unwrap();
+    let slices: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let slice = |name: &str, spec: serde_json::Value| -> DynamicObject {
+        let mut spec_full = json!({"driver": "gpu.gpu-share.dev", "nodeName": "gpu-1",
+            "pool": {"name": "gpu-1", "generation": 1, "resourceSliceCount": 1}});
+        spec_full
+            .as_object_mut()
+            .unwrap()
+            .extend(spec.as_object().unwrap().clone());
+        serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice", "metadata": {"name": name}, "spec": spec_full}))
+        .unwrap()
+    };
+    let devices = |n: usize, consumes: bool| -> serde_json::Value {
+        (0..n)
+            .map(|i| {
+                let mut d = json!({"name": format!("d-{i}")});
+                if consumes {
+                    d["consumesCounters"] =
+                        json!([{"counterSet": "gpu-0", "counters": {"c": {"value": "1"}}}]);
+                }
+                d
+            })
+            .collect()
+    };
+    let set = |name: &str, counters: usize| -> serde_json::Value {
+        let counters: serde_json::Map<String, serde_json::Value> = (0..counters)
+            .map(|i| (format!("c-{i}"), json!({"value": "1"})))
+            .collect();
+        json!({"name": name, "counters": counters})
+    };
+    let pp = PostParams::default();
+    let refused = [
+        (
+            "both",
+            json!({"devices": devices(1, false), "sharedCounters": [set("gpu-0", 2)]}),
+            "ResourceSlice.resource.k8s.io \"both\" is invalid: spec: Invalid value: \"\": only \
+             one of sharedCounters or devices is allowed",
+        ),
+        (
+            "too-many",
+            json!({"devices": devices(129, false)}),
+            "spec.devices: Too many: 129: must have at most 128 items",
+        ),
+        (
+            "too-many-consuming",
+            json!({"devices": devices(65, true)}),
+            "spec.devices: Too many: 65: must have at most 64 items",
+        ),
+        (
+            "too-many-sets",
+            json!({"sharedCounters": (0..9).map(|i| set(&format!("gpu-{i}"), 1)).collect::<Vec<_>>()}),
+            "spec.sharedCounters: Too many: 9: must have at most 8 items",
+        ),
+        (
+            "too-many-counters",
+            json!({"sharedCounters": [set("gpu-0", 33)]}),
+            "spec.sharedCounters[0].counters: Too many: 33: must have at most 32 items",
+        ),
+        (
+            "too-many-consumptions",
+            json!({"devices": [{"name": "d", "consumesCounters": [
+                {"counterSet": "a", "counters": {}}, {"counterSet": "b", "counters": {}},
+                {"counterSet": "c", "counters": {}}]}]}),
+            "spec.devices[0].consumesCounters: Too many: 3: must have at most 2 items",
+        ),
+        (
+            "same-set-twice",
+            json!({"devices": [{"name": "d", "consumesCounters": [
+                {"counterSet": "a", "counters": {}}, {"counterSet": "a", "counters": {}}]}]}),
+            "spec.devices[0].consumesCounters[1].counterSet: Duplicate value: \"a\"",
+        ),
+        (
+            "too-many-attributes",
+            json!({"devices": [{"name": "d",
+                "attributes": (0..20).map(|i| (format!("a{i}"), json!({"int": i}))).collect::<serde_json::Map<_, _>>(),
+                "capacity": (0..13).map(|i| (format!("c{i}"), json!({"value": "1"}))).collect::<serde_json::Map<_, _>>()}]}),
+            "spec.devices[0]: Too many: 33: must have at most 32 items",
+        ),
+    ];
+    for (name, spec, message) in refused {
+        let err = api_status(slices.create(&pp, &slice(name, spec)).await.unwrap_err());
+        assert_eq!(err.code, 422, "{name}");
+        assert!(err.message.contains(message), "{name}: {}", err.message);
+    }
+    for (name, spec) in [
+        ("limit", json!({"devices": devices(128, false)})),
+        ("limit-consuming", json!({"devices": devices(64, true)})),
+        (
+            "limit-sets",
+            json!({"sharedCounters": (0..8).map(|i| set(&format!("gpu-{i}"), 32)).collect::<Vec<_>>()}),
+        ),
+    ] {
+        slices.create(&pp, &slice(name, spec)).await.unwrap();
+    }
+}
