@@ -397,3 +397,57 @@ fn a_refused_slice_write_fails_and_is_retried_and_other_pools_are_left_alone() {
         assert_eq!(now, *slice, "{name} untouched");
     }
 }
+
+/// The drain knows DRA holders: a pod whose claim holds a device the re-partition destroys is
+/// evicted first, though it runs no process on it; a pod holding a kept device stays. The
+/// kubelet lists claims' devices in PodResources (`dynamic_resources`: driver, pool, device),
+/// as node-sim's kubelet does. Measured on a real kubelet 1.36 before this: the pod was not
+/// evicted and kept running on a MIG device that no longer existed.
+#[test]
+fn a_pod_holding_a_destroyed_device_through_a_claim_is_evicted_and_kept_devices_holders_stay() {
+    let api = Arc::new(KubeDouble::start());
+    profiles_configmap(&api, &["h100-balanced", "h100-inference"], &[]);
+    let mut node = AgentNode::new(&api, "dra-claims", h100s(1, true));
+    let kubelet = PodResourcesKubelet::serve(&api, &node.name, &node.pod_resources_socket());
+    node.start_agent(&["--plugin", "dra"], &[]);
+    api.set_node_label("dra-claims", PROFILE_LABEL, Some("h100-balanced"));
+    wait_applied(&api, &node, "h100-balanced", Duration::from_secs(30));
+    let before = assert_published_as_planned(&api, &node, "h100-balanced");
+    let next = planned(&node, "h100-inference");
+    let going = device_names(&before)
+        .difference(&device_names(&next))
+        .next()
+        .cloned()
+        .expect("a device goes away");
+    let staying = device_names(&before)
+        .intersection(&device_names(&next))
+        .next()
+        .cloned()
+        .expect("a device stays");
+    for (pod, device) in [("on-going", &going), ("on-staying", &staying)] {
+        api.put_pod(kube_double::fixtures::running_pod(
+            "default",
+            pod,
+            "dra-claims",
+            &[("app", pod)],
+        ));
+        kubelet.allocate_claim(
+            "default",
+            pod,
+            &format!("{pod}-claim"),
+            "gpu.gpu-share.dev",
+            "dra-claims",
+            device,
+        );
+    }
+    api.set_node_label("dra-claims", PROFILE_LABEL, Some("h100-inference"));
+    wait_applied(&api, &node, "h100-inference", Duration::from_secs(30));
+    assert_eq!(
+        evicted(&api),
+        BTreeSet::from(["on-going".to_string()]),
+        "{going} goes, {staying} stays\n{}",
+        node.log()
+    );
+    assert!(api.pod("default", "on-staying").is_some());
+    assert!(node.log().contains("is not published by the new profile"));
+}

@@ -252,6 +252,7 @@ mod tests {
                     resource_name: "nvidia.com/whatever".into(),
                     device_ids: ids.iter().map(|s| s.to_string()).collect(),
                 }],
+                dynamic_resources: vec![],
             }],
         }
     }

@@ -19,7 +19,7 @@
 //! state dir ([`ADVERTISEMENT_FILE`]); without it (first start of this version) the sharing
 //! cannot be compared, and only the ID and resource are.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::Path;
 
@@ -158,6 +158,47 @@ pub fn held_devices(list: &ListPodResourcesResponse, observed: &ObservedNode) ->
     held
 }
 
+/// The DRA devices of this node's pool (driver [`crate::dra::DRIVER`], pool `node`) that pods'
+/// claims hold, as the kubelet lists them (`dynamic_resources`, Kubernetes 1.34+), whose name
+/// the next publish (`next`) lacks: the device goes away or turns into others (a re-partition,
+/// shares becoming one device), so the scheduler would allocate its hardware to another claim
+/// while the holder runs. Measured on a real kubelet 1.36: a pod holding a destroyed MIG device
+/// through a claim was not evicted and kept running on a device that no longer existed.
+pub fn claims_losing_devices(
+    list: &ListPodResourcesResponse,
+    node: &str,
+    next: &BTreeSet<String>,
+) -> Vec<(Held, String)> {
+    let mut out = Vec::new();
+    for pod in &list.pod_resources {
+        let name = PodName {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+        };
+        for claim in pod.containers.iter().flat_map(|c| &c.dynamic_resources) {
+            for device in &claim.claim_resources {
+                let ours = device.driver_name == crate::dra::DRIVER && device.pool_name == node;
+                if !ours || next.contains(&device.device_name) {
+                    continue;
+                }
+                let held = Held {
+                    pod: name.clone(),
+                    resource: format!("{}/{}", device.driver_name, device.pool_name),
+                    id: device.device_name.clone(),
+                };
+                let why = format!(
+                    "DRA device {} (claim {}/{}) is not published by the new profile",
+                    device.device_name, claim.claim_namespace, claim.claim_name
+                );
+                if !out.iter().any(|(h, _)| h == &held) {
+                    out.push((held, why));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// What becomes of one held device ID, and why (said in the log and the drain's Event).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -249,7 +290,8 @@ impl Reconciler {
         let inventory = Inventory::from_plan(plan, observed, options, &self.apply.mps.root);
         let after = Advertisement::of(&inventory);
         let before = Advertisement::load(&self.apply.state_dir);
-        if before.as_ref() == Some(&after) {
+        // With DRA the claims' devices are compared by name with the next publish: always ask.
+        if before.as_ref() == Some(&after) && self.dra.is_none() {
             return Vec::new();
         }
         let socket = &self.drain.pod_resources_socket;
@@ -262,6 +304,18 @@ impl Reconciler {
             }
         };
         let mut out = Vec::new();
+        if self.dra.is_some() {
+            let published = crate::dra::resource_slices(&self.node_name, 0, &plan.gpus, observed);
+            let next: BTreeSet<String> = published
+                .iter()
+                .flat_map(|s| &s.spec.devices)
+                .map(|d| d.name.clone())
+                .collect();
+            for (held, why) in claims_losing_devices(&list, &self.node_name, &next) {
+                info!(pod = %held.pod, %why, "device re-allocated: its holder is drained first");
+                out.push((held, why));
+            }
+        }
         for held in held_devices(&list, observed) {
             match judge(&held, before.as_ref(), &after) {
                 Verdict::Stays(why) => debug!(pod = %held.pod, %why, "holder stays"),
@@ -473,6 +527,7 @@ mod tests {
                 resource_name: resource.into(),
                 device_ids: ids.iter().map(|s| s.to_string()).collect(),
             }],
+            dynamic_resources: vec![],
         };
         let list = ListPodResourcesResponse {
             pod_resources: vec![PodResources {

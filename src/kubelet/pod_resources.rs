@@ -107,6 +107,7 @@ mod tests {
                 ContainerResources {
                     name: "sidecar".into(),
                     devices: vec![],
+                    dynamic_resources: vec![],
                 },
                 ContainerResources {
                     name: "main".into(),
@@ -114,6 +115,7 @@ mod tests {
                         resource_name: "nvidia.com/gpu".into(),
                         device_ids: ids.iter().map(|s| s.to_string()).collect(),
                     }],
+                    dynamic_resources: vec![],
                 },
             ],
         }

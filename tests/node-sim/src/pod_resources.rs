@@ -16,8 +16,8 @@ use gpu_share::kubelet::pod_resources::api::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
 use gpu_share::kubelet::pod_resources::api::{
-    ContainerDevices, ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse,
-    PodResources,
+    ClaimResource, ContainerDevices, ContainerResources, DynamicResource, ListPodResourcesRequest,
+    ListPodResourcesResponse, PodResources,
 };
 use kube_double::KubeDouble;
 use tokio::net::UnixListener;
@@ -26,12 +26,15 @@ use tonic::{Request, Response, Status};
 
 /// (namespace, pod) → (resource, device IDs) handed to its one container.
 type Allocations = BTreeMap<(String, String), (String, Vec<String>)>;
+/// (namespace, pod) → the DRA devices its container got: (claim, driver, pool, device).
+type ClaimAllocations = BTreeMap<(String, String), Vec<(String, String, String, String)>>;
 
 #[derive(Clone)]
 struct Lister {
     api: Arc<KubeDouble>,
     node: String,
     allocations: Arc<Mutex<Allocations>>,
+    claims: Arc<Mutex<ClaimAllocations>>,
     calls: Arc<AtomicUsize>,
 }
 
@@ -43,6 +46,7 @@ impl PodResourcesLister for Lister {
     ) -> Result<Response<ListPodResourcesResponse>, Status> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let allocations = self.allocations.lock().unwrap().clone();
+        let claims = self.claims.lock().unwrap().clone();
         let pod_resources =
             self.api
                 .pods_on(&self.node)
@@ -56,12 +60,28 @@ impl PodResourcesLister for Lister {
                             device_ids: ids.clone(),
                         },
                     );
+                    let dynamic_resources = claims
+                        .get(&(namespace.clone(), name.clone()))
+                        .into_iter()
+                        .flatten()
+                        .map(|(claim, driver, pool, device)| DynamicResource {
+                            claim_name: claim.clone(),
+                            claim_namespace: namespace.clone(),
+                            claim_resources: vec![ClaimResource {
+                                cdi_devices: vec![],
+                                driver_name: driver.clone(),
+                                pool_name: pool.clone(),
+                                device_name: device.clone(),
+                            }],
+                        })
+                        .collect();
                     PodResources {
                         name,
                         namespace,
                         containers: vec![ContainerResources {
                             name: "main".into(),
                             devices: devices.into_iter().collect(),
+                            dynamic_resources,
                         }],
                     }
                 })
@@ -90,6 +110,7 @@ impl PodResourcesKubelet {
             api: Arc::clone(api),
             node: node.to_string(),
             allocations: Arc::default(),
+            claims: Arc::default(),
             calls: Arc::default(),
         };
         let listener = runtime
@@ -116,6 +137,27 @@ impl PodResourcesKubelet {
                 ids.iter().map(|s| s.to_string()).collect(),
             ),
         );
+    }
+
+    /// Record that claim `claim` of pod `namespace/pod` was allocated `device` of `pool` of
+    /// DRA driver `driver` and prepared for its container, as the kubelet lists it
+    /// (`dynamic_resources`, Kubernetes 1.34+).
+    pub fn allocate_claim(
+        &self,
+        namespace: &str,
+        pod: &str,
+        claim: &str,
+        driver: &str,
+        pool: &str,
+        device: &str,
+    ) {
+        self.lister
+            .claims
+            .lock()
+            .unwrap()
+            .entry((namespace.to_string(), pod.to_string()))
+            .or_default()
+            .push((claim.into(), driver.into(), pool.into(), device.into()));
     }
 
     /// How many `List` calls were answered.
