@@ -424,7 +424,16 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let cms: Api<ConfigMap> = Api::namespaced(watch_client, &args.namespace);
     tokio::spawn(watch_configmap(cms, args.configmap.clone(), cm_tx));
 
-    let loop_ = reconcile_loop(&args, &reconciler, node_rx, cm_rx, &health, doctor_ok);
+    let registrations = dra_plugin.as_ref().map(KubeletPlugin::registrations);
+    let loop_ = reconcile_loop(
+        &args,
+        &reconciler,
+        node_rx,
+        cm_rx,
+        registrations,
+        &health,
+        doctor_ok,
+    );
     tokio::select! {
         () = loop_ => {}
         () = shutdown_signal() => info!("shutting down"),
@@ -653,6 +662,7 @@ async fn reconcile_loop(
     reconciler: &Reconciler,
     mut node_rx: watch::Receiver<Option<Node>>,
     mut cm_rx: watch::Receiver<Option<Option<ConfigMap>>>,
+    mut registrations: Option<watch::Receiver<u64>>,
     health: &Health,
     doctor: Result<(), String>,
 ) {
@@ -713,8 +723,29 @@ async fn reconcile_loop(
             _ = node_rx.changed() => {}
             _ = cm_rx.changed() => {}
             () = tokio::time::sleep_until(next_run) => {}
+            registered = next_registration(&mut registrations) => {
+                if registered {
+                    // The kubelet (re)registered the DRA plugin; a restarted kubelet deleted
+                    // the node's slices first: publish now, not at the next resync.
+                    info!("the kubelet registered the DRA plugin; reconciling to republish");
+                    next_run = tokio::time::Instant::now();
+                }
+            }
         }
     }
+}
+
+/// Wait for the kubelet's next DRA plugin registration: true when one came, false when the
+/// plugin is gone (then never again); never resolves without a DRA plugin.
+async fn next_registration(registrations: &mut Option<watch::Receiver<u64>>) -> bool {
+    let Some(rx) = registrations.as_mut() else {
+        return std::future::pending().await;
+    };
+    if rx.changed().await.is_ok() {
+        return true;
+    }
+    *registrations = None;
+    false
 }
 
 /// Ready once the watchers synced, unless the start-up GPU stack check failed or the API server

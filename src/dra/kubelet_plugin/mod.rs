@@ -124,6 +124,11 @@ impl KubeletPlugin {
         })
     }
 
+    /// Changes each time the kubelet confirms a registration (first start or its restart).
+    pub fn registrations(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.registration_service.registrations()
+    }
+
     /// Whether the kubelet said it registered the plugin (`None`: it has not said yet).
     pub fn registered(&self) -> Option<Result<(), String>> {
         self.registration_service.last_status().map(|s| {

@@ -22,11 +22,16 @@ pub const PLUGIN_TYPE: &str = "DRAPlugin";
 /// it knows from `v1.DRAPlugin` and `v1beta1.DRAPlugin`.
 pub const DRA_SERVICE_V1: &str = "v1.DRAPlugin";
 
-/// What `GetInfo` answers, and the last registration status the kubelet sent.
+/// What `GetInfo` answers, the last registration status the kubelet sent, and how many
+/// registrations it confirmed.
 #[derive(Clone)]
 pub struct RegistrationService {
     info: PluginInfo,
     last_status: Arc<Mutex<Option<RegistrationStatus>>>,
+    /// Counts the kubelet's confirmed registrations. A kubelet that restarts deletes the node's
+    /// ResourceSlices and registers the plugin again: the agent republishes at once on a new
+    /// count instead of at its next resync (a pod waited 3 min 54 s on a real 1.36 node).
+    registrations: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl RegistrationService {
@@ -40,7 +45,13 @@ impl RegistrationService {
                 supported_versions: vec![DRA_SERVICE_V1.into()],
             },
             last_status: Arc::default(),
+            registrations: Arc::new(tokio::sync::watch::channel(0).0),
         }
+    }
+
+    /// A receiver that changes on each registration the kubelet confirms.
+    pub fn registrations(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.registrations.subscribe()
     }
 
     /// The kubelet's last word on the registration, if it has spoken.
@@ -62,6 +73,7 @@ impl Registration for RegistrationService {
         let status = request.into_inner();
         if status.plugin_registered {
             info!(driver = %self.info.name, "the kubelet registered the DRA plugin");
+            self.registrations.send_modify(|n| *n += 1);
         } else {
             warn!(driver = %self.info.name, error = %status.error,
                   "the kubelet refused the DRA plugin's registration");

@@ -382,6 +382,12 @@ impl KubeDouble {
         self.with(|st| st.objects_of(RESOURCE_SLICES, None))
     }
 
+    /// Deletes a ResourceSlice, as the kubelet does with a node's slices when it restarts.
+    pub fn remove_resource_slice(&self, name: &str) -> Option<Value> {
+        let key = key_for(RESOURCE_SLICES, None, name);
+        self.with(|st| st.remove(&key))
+    }
+
     /// Stores a ResourceSlice as a controller would (see [`KubeDouble::put`]).
     pub fn put_resource_slice(&self, slice: Value) -> Value {
         self.with(|st| st.put(RESOURCE_SLICES, slice))

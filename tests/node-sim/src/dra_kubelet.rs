@@ -72,6 +72,13 @@ impl DraKubelet {
         }
     }
 
+    /// The kubelet restarts: it forgets every registration, and its plugin watcher finds the
+    /// registration sockets again and registers their plugins anew.
+    pub fn restart(&self) {
+        self.drivers.lock().unwrap().clear();
+        self.refused.lock().unwrap().clear();
+    }
+
     /// The driver's `GetInfo` answer once it is registered, waiting up to `timeout`.
     pub async fn wait_registered(&self, driver: &str, timeout: Duration) -> Option<PluginInfo> {
         let start = Instant::now();
