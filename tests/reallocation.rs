@@ -1,6 +1,6 @@
 //! A profile change that keeps a device but advertises it otherwise (another ID, resource or
 //! sharing) drains the device's holders first, so the kubelet never hands it to a second pod;
-//! holders whose ID the kubelet still counts as theirs stay (src/agent/readvertised.rs).
+//! holders whose ID the kubelet still counts as theirs stay (src/agent/advertisement.rs).
 //!
 //! Each case is one a real kubelet 1.36 with NVIDIA's device plugin got wrong before this
 //! (time-slicing → exclusive, MIG strategy mixed → single, replicas 4 → 2), and its reverse.

@@ -6,6 +6,7 @@
 //! and the plugin config are re-checked). State is published on the Node as a label,
 //! annotations and Events; `/healthz`, `/readyz` and `/metrics` are served over HTTP.
 
+pub mod advertisement;
 pub mod allocatable;
 pub mod devices_in_use;
 mod dra;

@@ -25,12 +25,12 @@ use kube::Api;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
+use super::advertisement::Held;
 use super::drain::{drain, Disturbed, DrainError, DrainSettings};
 use super::lease::{DrainSlot, DrainSlots};
 use super::metrics::Metrics;
 use super::node::{self, State};
 use super::pods::{disturbed_devices, disturbed_processes};
-use super::readvertised::Held;
 use crate::apply::{apply_with_inventory, check_state_dir, ApplyError, ApplyOptions};
 use crate::builtin_plugin::{Inventory, PluginManager};
 use crate::gpu::{Gpus, SharedGpus};
@@ -414,7 +414,7 @@ impl Reconciler {
             self.event(
                 EventType::Normal,
                 "Reallocating",
-                &super::readvertised::note(key, reallocated),
+                &super::advertisement::note(key, reallocated),
             )
             .await;
         }

@@ -543,7 +543,7 @@ pub fn proc_status_kb<const N: usize>(pid: u32, names: [&str; N]) -> [u64; N] {
 pub fn advertisement(
     text: &str,
     nvml_state: &std::path::Path,
-) -> gpu_share::agent::readvertised::Advertisement {
+) -> gpu_share::agent::advertisement::Advertisement {
     let profile = gpu_share::profile::parse_profile("bench", text).expect("a valid profile");
     let observed = crate::observe(nvml_state);
     let plan = gpu_share::plan::plan("bench", &profile, &observed).expect("a plan");
@@ -553,13 +553,13 @@ pub fn advertisement(
         &profile.plugin,
         std::path::Path::new("/run/nvidia/mps"),
     );
-    gpu_share::agent::readvertised::Advertisement::of(&inventory)
+    gpu_share::agent::advertisement::Advertisement::of(&inventory)
 }
 
 /// The device ID and resource a workload's device is first advertised under in `ad`: its GPU's
 /// UUID (or replica `::0`) with MIG off, its GPU instance's MIG device otherwise.
 pub fn advertised_id(
-    ad: &gpu_share::agent::readvertised::Advertisement,
+    ad: &gpu_share::agent::advertisement::Advertisement,
     observed: &gpu_share::plan::ObservedNode,
     w: &Workload,
 ) -> Option<(String, String)> {
