@@ -100,8 +100,8 @@ pub enum PluginKind {
     Nvidia,
     /// gpu-share's own plugin, run inside the agent.
     Builtin,
-    /// Dynamic Resource Allocation: the node's devices as resource.k8s.io/v1 ResourceSlices
-    /// (`crate::dra`). Only planned so far: the agent does not publish them yet (docs/dra.md).
+    /// Dynamic Resource Allocation: the agent publishes the node's devices as
+    /// resource.k8s.io/v1 ResourceSlices and serves the kubelet's DRA plugin (docs/dra.md).
     Dra,
 }
 

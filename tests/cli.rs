@@ -847,3 +847,24 @@ fn plan_without_gpu_on_a_node_without_a_driver_points_at_gpu_and_current() {
         assert!(err.contains(needle), "{needle:?} not in: {err}");
     }
 }
+
+/// Every subcommand that prints takes `-o` for `--output` (issue 26's one vocabulary): advise
+/// did not.
+#[test]
+fn advise_takes_dash_o_like_the_other_printing_subcommands() {
+    let out = gpu_share(&[
+        "advise",
+        "--demand",
+        "tests/data/advise/demand.yaml",
+        "--supply",
+        "tests/data/advise/supply.yaml",
+        "-o",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(json(&out)["plugin"], "nvidia");
+}

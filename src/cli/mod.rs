@@ -326,7 +326,7 @@ struct AdviseArgs {
     #[arg(long, value_enum, default_value_t = PluginKind::Nvidia)]
     plugin: PluginKind,
     /// `configmap`: a ConfigMap manifest with the proposed profiles and the label commands.
-    #[arg(long, value_enum, default_value_t = AdviseOutput::Text)]
+    #[arg(long, short, value_enum, default_value_t = AdviseOutput::Text)]
     output: AdviseOutput,
 }
 
