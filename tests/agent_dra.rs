@@ -451,3 +451,32 @@ fn a_pod_holding_a_destroyed_device_through_a_claim_is_evicted_and_kept_devices_
     assert!(api.pod("default", "on-staying").is_some());
     assert!(node.log().contains("is not published by the new profile"));
 }
+
+/// A slice the API server refuses as invalid (422) is said as such: state failed with reason
+/// `SlicesRejected` (Event and annotation) naming what to check, not a generic publish failure;
+/// the retry publishes once the server takes it.
+#[test]
+fn slices_the_api_server_refuses_are_reported_as_rejected() {
+    let api = Arc::new(KubeDouble::start());
+    profiles_configmap(&api, &["h100-balanced"], &[]);
+    api.fail_next(
+        Verb::Create,
+        "resourceslices.resource.k8s.io",
+        1,
+        kube_double::Fault::Status(422),
+    );
+    let mut node = AgentNode::new(&api, "dra-422", h100s(1, true));
+    node.start_agent(&["--plugin", "dra"], &[]);
+    api.set_node_label("dra-422", PROFILE_LABEL, Some("h100-balanced"));
+    wait_state(&api, &node, "failed", Duration::from_secs(20));
+    let reason = annotation(&api, "dra-422", REASON).unwrap_or_default();
+    assert!(
+        reason.contains("the API server refused the ResourceSlices"),
+        "{reason}"
+    );
+    assert!(api.wait_until(Duration::from_secs(10), |a| a
+        .events()
+        .iter()
+        .any(|e| e.reason.as_deref() == Some("SlicesRejected"))));
+    wait_applied(&api, &node, "h100-balanced", Duration::from_secs(30));
+}

@@ -10,6 +10,28 @@ use crate::dra::{self, publish};
 use crate::plan::{plan_for, NodePlan, ObservedNode};
 use crate::profile::Profile;
 
+/// The failure of a refused or failed publish. A 422 is the API server refusing the slices as
+/// invalid (on a real 1.36 server every MIG profile was, until counter sets moved to slices of
+/// their own): reason `SlicesRejected` with the server's message, which a retry with backoff
+/// will meet again until the agent or the server changes, so it names what to check; anything
+/// else is `PublishFailed`.
+fn publish_failure(e: &kube::Error) -> Outcome {
+    match e {
+        kube::Error::Api(status) if status.code == 422 => failed(
+            "SlicesRejected",
+            format!(
+                "the API server refused the ResourceSlices: {}; check that it serves \
+                 resource.k8s.io/v1 as Kubernetes 1.34+ does (docs/dra.md, API limits)",
+                status.message
+            ),
+        ),
+        other => failed(
+            "PublishFailed",
+            format!("could not publish the ResourceSlices: {other}"),
+        ),
+    }
+}
+
 impl Reconciler {
     /// After an apply: the pool becomes the applied plan's devices, with the UUIDs NVML shows
     /// now (MIG devices just created included). Nothing is written when the API holds them.
@@ -35,10 +57,7 @@ impl Reconciler {
                 );
                 Ok(())
             }
-            Err(e) => Err(failed(
-                "PublishFailed",
-                format!("could not publish the ResourceSlices: {e}"),
-            )),
+            Err(e) => Err(publish_failure(&e)),
         }
     }
 
