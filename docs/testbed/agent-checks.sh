@@ -1,0 +1,118 @@
+#!/bin/bash
+# The agent against the real node test bed (../shared/testbed: kube-apiserver, scheduler and
+# kubelet 1.36.2), on the fake NVML: what a session checks before resolving kubelet- or
+# API-facing work. Not run by CI (it needs root, the test bed and its kubelet sockets).
+#
+#   (cd ../shared/testbed && ./setup.sh && ./start.sh)     # MICROSHIFT=... on the first setup
+#   cargo build --release && cargo build -p fake-nvml
+#   docs/testbed/agent-checks.sh                           # prints what the real parts did
+#   (cd ../shared/testbed && ./stop.sh)
+#
+# Checks: 1. `--plugin nvidia` with no NVIDIA plugin: `failed`, AllocatableMismatch with the
+# counts; the Node's and Events' field manager is gpu-share. 2. `--plugin builtin` registered
+# with the real kubelet: `success` once allocatable shows the plan. 3. A Deployment's pod holding
+# a whole GPU, relabel to time-slicing: the pod is drained first (Reallocating), its successor
+# runs on a replica. 4. A bare pod there: `blocked`, PodNotEvictable, nothing evicted.
+# Results of the session that wrote it: its closing note (issues stops).
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+TESTBED_DIR=${TESTBED_DIR:-$(cd "$ROOT/.." && pwd)/testbed-run}
+export KUBECONFIG=$TESTBED_DIR/kubeconfig
+K=$TESTBED_DIR/bin/kubectl
+BIN=${BIN:-$ROOT/target/release/gpu-share}
+NVML=${NVML:-$ROOT/target/debug/libnvidia_ml.so}
+NODE=$($K get nodes -o jsonpath='{.items[0].metadata.name}')
+W=$(mktemp -d)
+trap 'pkill -f "$BIN agent" 2>/dev/null; rm -rf "$W"' EXIT
+mkdir -p "$W/host/proc/driver/nvidia" "$W/host/dev"
+echo "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 06:54:38 UTC 2025" \
+  > "$W/host/proc/driver/nvidia/version"
+for d in nvidiactl nvidia0 nvidia-uvm; do : > "$W/host/dev/$d"; done
+
+state() { $K get node "$NODE" -o jsonpath='{.metadata.labels.gpu-share\.dev/profile\.state}'; }
+reason() { $K get node "$NODE" -o jsonpath='{.metadata.annotations.gpu-share\.dev/profile\.reason}'; }
+wait_state() { for _ in $(seq 1 "$2"); do [ "$(state)" = "$1" ] && return 0; sleep 1; done; return 1; }
+gpus() { $K get node "$NODE" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}'; }
+
+# Start the agent (fresh state and NVML each time) with extra flags; port $1.
+agent() {
+  local port=$1; shift
+  rm -rf "$W/state" "$W/plugin" "$W/mps"; mkdir -p "$W/state" "$W/plugin" "$W/mps"
+  cp "$ROOT/tests/data/simulated-h100x2.json" "$W/nvml.json"
+  env NODE_NAME="$NODE" POD_NAMESPACE=gpu-share GPU_SHARE_NVML_LIB="$NVML" \
+    FAKE_NVML_STATE="$W/nvml.json" GPU_SHARE_STATE_DIR="$W/state" \
+    GPU_SHARE_PLUGIN_CONFIG="$W/plugin/config.yaml" GPU_SHARE_PLUGIN_RELOAD=none \
+    GPU_SHARE_MPS_ROOT="$W/mps" GPU_SHARE_HOST_ROOT="$W/host" GPU_SHARE_LISTEN="127.0.0.1:$port" \
+    RUST_LOG=info "$BIN" agent --resync-secs 300 "$@" > "$W/agent-$port.log" 2>&1 &
+  sleep 3
+}
+stop_agent() { pkill -f "$BIN agent"; sleep 2; $K label node "$NODE" gpu-share.dev/profile- >/dev/null 2>&1; }
+builtin() { agent "$1" --plugin builtin --device-plugin-dir /var/lib/kubelet/device-plugins \
+  --pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock --allocatable-timeout 60s; }
+gpu_workload() { # $1: Deployment or Pod name; $2: deployment|pod
+  local head
+  if [ "$2" = deployment ]; then
+    head="apiVersion: apps/v1
+kind: Deployment
+metadata: {name: $1, namespace: default}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: $1}}
+  template:
+    metadata: {labels: {app: $1}}
+    spec:"
+  else
+    head="apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default, labels: {app: $1}}
+spec:"
+  fi
+  local pad; [ "$2" = deployment ] && pad="      " || pad="  "
+  { echo "$head"
+    echo "${pad}automountServiceAccountToken: false"
+    echo "${pad}terminationGracePeriodSeconds: 1"
+    echo "${pad}containers:"
+    echo "${pad}- {name: c, image: k8s.local/busybox:1.35, imagePullPolicy: Never, command: [sleep, '3600'], resources: {limits: {nvidia.com/gpu: 1}}}"
+  } | $K apply -f - >/dev/null
+  $K wait --for=condition=Ready pod -l "app=$1" --timeout=60s >/dev/null
+}
+
+$K create namespace gpu-share >/dev/null 2>&1
+$K -n gpu-share create configmap gpu-share-profiles \
+  --from-literal=whole="$(printf 'version: v1\nrules:\n- devices: all\n  exclusive: true\n')" \
+  --from-literal=ts-2="$(printf 'version: v1\nrules:\n- devices: all\n  timeSlicing: {replicas: 2}\n')" \
+  --dry-run=client -o yaml | $K apply -f - >/dev/null
+
+echo "== 1. --plugin nvidia, no NVIDIA plugin on the node"
+agent 19601 --allocatable-timeout 8s
+$K label node "$NODE" gpu-share.dev/profile=whole --overwrite >/dev/null
+wait_state failed 30; echo "state $(state): $(reason)"
+echo "field managers on the Node:"; $K get node "$NODE" -o yaml --show-managed-fields | grep "manager:" | sort | uniq -c
+echo "field managers of Events:"; $K get events.events.k8s.io -A -o yaml --show-managed-fields | grep "manager:" | sort | uniq -c
+stop_agent
+
+echo "== 2. --plugin builtin with the real kubelet"
+builtin 19602
+t0=$(date +%s)
+$K label node "$NODE" gpu-share.dev/profile=whole --overwrite >/dev/null
+wait_state success 60; echo "state $(state) after $(( $(date +%s) - t0 )) s; nvidia.com/gpu $(gpus)"
+
+echo "== 3. a Deployment's pod on a whole GPU, relabel to ts-2"
+gpu_workload holder deployment
+before=$($K get pod -l app=holder -o jsonpath='{.items[0].metadata.name}')
+$K label node "$NODE" gpu-share.dev/profile=ts-2 --overwrite >/dev/null
+for _ in $(seq 1 90); do [ "$(state)" = success ] && [ "$(gpus)" = 4 ] && break; sleep 1; done
+echo "state $(state); nvidia.com/gpu $(gpus); pod before: $before; now:"
+$K get pods -l app=holder --no-headers
+grep -E "re-allocated|evicted" "$W/agent-19602.log" | cut -c1-300
+$K delete deploy holder --wait=false >/dev/null
+
+echo "== 4. a bare pod on a whole GPU, relabel to ts-2"
+stop_agent; builtin 19603
+$K label node "$NODE" gpu-share.dev/profile=whole --overwrite >/dev/null
+wait_state success 60
+gpu_workload bare pod
+$K label node "$NODE" gpu-share.dev/profile=ts-2 --overwrite >/dev/null
+wait_state blocked 30; echo "state $(state): $(reason)"; echo "nvidia.com/gpu $(gpus)"
+$K delete pod bare --wait=false >/dev/null
+stop_agent
