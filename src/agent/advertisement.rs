@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::atomic_file;
 use crate::builtin_plugin::inventory::{DeviceEntry, Inventory};
 use crate::kubelet::pod_resources::api::ListPodResourcesResponse;
-use crate::kubelet::pod_resources::PodName;
+use crate::kubelet::pod_resources::{device_uuid, PodName};
 use crate::plan::ObservedNode;
 
 /// The node's last applied advertisement, in the agent's state dir.
@@ -126,7 +126,7 @@ pub struct Held {
 /// `<uuid>::<n>` names its device); other plugins' devices are left out.
 pub fn held_devices(list: &ListPodResourcesResponse, observed: &ObservedNode) -> Vec<Held> {
     let ours = |id: &str| {
-        let uuid = id.split_once("::").map_or(id, |(uuid, _)| uuid);
+        let uuid = device_uuid(id);
         observed.gpus.iter().any(|g| {
             g.uuid.as_deref() == Some(uuid)
                 || g.compute_instances
@@ -239,11 +239,11 @@ pub fn judge(held: &Held, before: Option<&Advertisement>, after: &Advertisement)
 
 /// `"; the device is now …"`: how the device behind `id` is advertised instead, if it is.
 fn readvertised_as(id: &str, after: &Advertisement) -> String {
-    let uuid = id.split_once("::").map_or(id, |(uuid, _)| uuid);
+    let uuid = device_uuid(id);
     let mut same_device = after
         .devices
         .iter()
-        .filter(|(other, _)| other.split_once("::").map_or(other.as_str(), |(u, _)| u) == uuid);
+        .filter(|(other, _)| device_uuid(other) == uuid);
     let Some((first, advertised)) = same_device.next() else {
         return String::new();
     };

@@ -88,9 +88,7 @@ impl Reconciler {
                 }
             };
             if short.is_empty() {
-                if !started.elapsed().is_zero() {
-                    debug!(waited = ?started.elapsed(), "the node advertises the plan");
-                }
+                debug!(waited = ?started.elapsed(), "the node advertises the plan");
                 return Ok(());
             }
             let now = describe(&short);

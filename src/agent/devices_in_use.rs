@@ -82,7 +82,7 @@ pub fn devices_in_use(list: &ListPodResourcesResponse, observed: &ObservedNode) 
 /// The device a plugin's device ID names: a GPU by UUID (a replica `<uuid>::<n>` names its
 /// GPU), or a MIG device by UUID, placed through its GPU instance.
 fn device_of(id: &str, observed: &ObservedNode) -> Option<HeldDevice> {
-    let uuid = id.split_once("::").map_or(id, |(uuid, _)| uuid);
+    let uuid = crate::kubelet::pod_resources::device_uuid(id);
     for gpu in &observed.gpus {
         if gpu.uuid.as_deref() == Some(uuid) {
             return Some(HeldDevice {

@@ -137,7 +137,7 @@ impl DeviceListing {
 fn unique_devices(ids: &[String]) -> Vec<&str> {
     let mut out: Vec<&str> = Vec::new();
     for id in ids {
-        let device = id.split_once("::").map_or(id.as_str(), |(d, _)| d);
+        let device = crate::kubelet::pod_resources::device_uuid(id);
         if !out.contains(&device) {
             out.push(device);
         }

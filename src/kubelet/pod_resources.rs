@@ -90,8 +90,12 @@ pub fn pods_holding(
 /// Whether device ID `id`, as a device plugin advertised it, is one of `devices` or a replica
 /// of one (`<uuid>::<n>`, how time-sliced and MPS replicas are named).
 pub fn names_one_of(id: &str, devices: &BTreeSet<String>) -> bool {
-    let device = id.split_once("::").map_or(id, |(uuid, _)| uuid);
-    devices.contains(device)
+    devices.contains(device_uuid(id))
+}
+
+/// The device a device-plugin ID names: the UUID itself, or the UUID of replica `<uuid>::<n>`.
+pub fn device_uuid(id: &str) -> &str {
+    id.split_once("::").map_or(id, |(uuid, _)| uuid)
 }
 
 #[cfg(test)]

@@ -575,6 +575,6 @@ pub fn advertised_id(
     };
     ad.devices
         .iter()
-        .find(|(id, _)| id.split_once("::").map_or(id.as_str(), |(u, _)| u) == uuid)
+        .find(|(id, _)| gpu_share::kubelet::pod_resources::device_uuid(id) == uuid)
         .map(|(id, a)| (a.resource.clone(), id.clone()))
 }
