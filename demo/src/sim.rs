@@ -57,7 +57,8 @@ impl Paths {
     }
 }
 
-/// The fake NVML finds its state and mutation log through environment variables, read by the
+/// The fake NVML finds its state, mutation log and the host's procfs (where it keeps the MIG
+/// capability files, as the driver does) through environment variables, read by the
 /// library the agent loads into this process, and the agent finds the API (the double) through
 /// `KUBECONFIG`: they are set once, first thing, while the process has a single thread
 /// (setting the environment races with threads that read it).
@@ -65,6 +66,7 @@ pub fn point_environment_here(paths: &Paths) {
     std::env::set_var("KUBECONFIG", paths.path("kubeconfig"));
     std::env::set_var("FAKE_NVML_STATE", paths.path("nvml.json"));
     std::env::set_var("FAKE_NVML_LOG", paths.path("nvml.log"));
+    std::env::set_var("FAKE_NVML_PROC_ROOT", paths.path("host/proc"));
 }
 
 /// The agent's log goes to a file in the fixtures, so the story on stdout stays readable.

@@ -17,6 +17,7 @@ pub const RESET_REQUIRED: Ret = b::nvmlReturn_enum_NVML_ERROR_RESET_REQUIRED;
 pub const IN_USE: Ret = b::nvmlReturn_enum_NVML_ERROR_IN_USE;
 pub const INSUFFICIENT_RESOURCES: Ret = b::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES;
 pub const ARGUMENT_VERSION_MISMATCH: Ret = b::nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+pub const TIMEOUT: Ret = b::nvmlReturn_enum_NVML_ERROR_TIMEOUT;
 pub const UNKNOWN: Ret = b::nvmlReturn_enum_NVML_ERROR_UNKNOWN;
 
 /// (code, enum name, `nvmlErrorString` text). Texts for 3, 4, 6, 19 and 23 are quoted from real

@@ -12,14 +12,18 @@
 
 use std::path::PathBuf;
 
+pub mod board;
 pub mod codes;
+pub mod events;
 pub mod faults;
 mod ffi;
 pub mod model;
+pub mod procfs;
 pub mod sim;
 pub mod state;
 pub mod symbols;
 
+pub use events::Event;
 pub use faults::{read_log, LogEntry};
 pub use sim::Change;
 pub use state::{

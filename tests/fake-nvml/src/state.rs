@@ -10,6 +10,7 @@ use std::path::Path;
 use gpu_share::mig::catalog::{catalog, GpuModel, Placement};
 use serde::{Deserialize, Serialize};
 
+use crate::events::Event;
 use crate::model::uuid_from;
 
 /// Everything the fake library knows about the machine.
@@ -75,6 +76,17 @@ pub struct Gpu {
     /// instance gets a fresh UUID, as on real hardware, yet runs stay reproducible.
     #[serde(default)]
     pub mig_uuids_issued: u64,
+    /// `nvmlDeviceGetMinorNumber` (the N of `/dev/nvidiaN`); filled in from the index when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor_number: Option<u32>,
+    /// `nvmlDeviceGetCudaComputeCapability` as `[major, minor]`; absent = from the product name
+    /// (see `board::compute_capability`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_capability: Option<[u32; 2]>,
+    /// Events raised on this GPU (XIDs, ECC errors), oldest first: what event sets deliver.
+    /// A test appends one with [`Gpu::raise_xid`] and rewrites the file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<Event>,
 }
 
 /// `nvmlDeviceGetMigMode`'s two values.
@@ -285,6 +297,9 @@ impl Gpu {
             gpu_instances: Vec::new(),
             processes: Vec::new(),
             mig_uuids_issued: 0,
+            minor_number: None,
+            compute_capability: None,
+            events: Vec::new(),
         }
     }
 
@@ -374,6 +389,7 @@ impl Gpu {
         if self.pci_bus_id.is_empty() {
             self.pci_bus_id = format!("00000000:{:02X}:00.0", 0x18 + 0x10 * index);
         }
+        self.minor_number.get_or_insert(index as u32);
         Ok(())
     }
 }

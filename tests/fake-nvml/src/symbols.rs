@@ -92,6 +92,16 @@ pub const VERSIONED_FAMILIES: &[Family] = &[
         note: "V takes the versioned v2/v3 struct",
     },
     Family {
+        call: "nvmlDeviceGetAttributes",
+        names: &["nvmlDeviceGetAttributes", "nvmlDeviceGetAttributes_v2"],
+        note: "same struct and answer (MIG devices only)",
+    },
+    Family {
+        call: "nvmlEventSetWait",
+        names: &["nvmlEventSetWait", "nvmlEventSetWait_v2"],
+        note: "v1 fills the 24-byte struct without `gpuInstanceId`/`computeInstanceId`",
+    },
+    Family {
         call: "nvmlComputeInstanceGetInfo",
         names: &["nvmlComputeInstanceGetInfo", "nvmlComputeInstanceGetInfo_v2"],
         note: "v1 fills the struct without `placement`",
@@ -183,6 +193,28 @@ pub const EXPORTED: &[(&str, &[&str])] = &[
             "nvmlComputeInstanceGetInfo",
             "nvmlComputeInstanceGetInfo_v2",
             "nvmlComputeInstanceDestroy",
+        ],
+    ),
+    (
+        "Board and topology (NVIDIA's device plugin)",
+        &[
+            "nvmlDeviceGetMinorNumber",
+            "nvmlDeviceGetCudaComputeCapability",
+            "nvmlDeviceGetAttributes",
+            "nvmlDeviceGetAttributes_v2",
+            "nvmlDeviceGetTopologyCommonAncestor",
+            "nvmlDeviceGetNvLinkState",
+        ],
+    ),
+    (
+        "Events",
+        &[
+            "nvmlEventSetCreate",
+            "nvmlDeviceGetSupportedEventTypes",
+            "nvmlDeviceRegisterEvents",
+            "nvmlEventSetWait",
+            "nvmlEventSetWait_v2",
+            "nvmlEventSetFree",
         ],
     ),
 ];

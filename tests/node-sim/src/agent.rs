@@ -99,6 +99,7 @@ impl AgentNode {
         gpus: Vec<Gpu>,
         dir: tempfile::TempDir,
     ) -> AgentNode {
+        let gpu_count = gpus.len();
         State::with_gpus(gpus)
             .write_to(dir.path().join("nvml.json"))
             .unwrap();
@@ -111,7 +112,11 @@ impl AgentNode {
         )
         .unwrap();
         std::fs::create_dir_all(host.join("dev")).unwrap();
-        for dev in ["nvidiactl", "nvidia0", "nvidia-uvm"] {
+        let per_gpu = (0..gpu_count.max(1)).map(|i| format!("nvidia{i}"));
+        for dev in ["nvidiactl".to_string(), "nvidia-uvm".to_string()]
+            .into_iter()
+            .chain(per_gpu)
+        {
             std::fs::write(host.join("dev").join(dev), "").unwrap();
         }
         std::fs::create_dir_all(dir.path().join("proc")).unwrap();
@@ -157,12 +162,14 @@ impl AgentNode {
     }
 
     /// What points a `gpu-share` process into this node's fixtures: the API double's
-    /// kubeconfig, the fake NVML (state and log) and MPS control, the host root; logs at info.
+    /// kubeconfig, the fake NVML (state, log, and the host's MIG procfs files it keeps) and MPS
+    /// control, the host root; logs at info.
     pub fn fixture_env<'c>(&self, cmd: &'c mut Command) -> &'c mut Command {
         cmd.env("KUBECONFIG", self.path("kubeconfig"))
             .env("GPU_SHARE_NVML_LIB", cdylib_path())
             .env("FAKE_NVML_STATE", self.nvml_state())
             .env("FAKE_NVML_LOG", self.path("nvml.log"))
+            .env("FAKE_NVML_PROC_ROOT", self.path("host/proc"))
             .env("GPU_SHARE_HOST_ROOT", self.path("host"))
             .env("RUST_LOG", "info");
         if let Some(mps) = mps_control() {

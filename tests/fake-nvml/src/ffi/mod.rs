@@ -21,6 +21,7 @@ use nvml_wrapper_sys::bindings::*;
 use serde_json::{json, Value};
 
 use crate::codes::{self, *};
+use crate::events::Watches;
 use crate::faults::{self, LogEntry};
 use crate::model::mig_device_profile_name;
 use crate::model::{ci_profile_name, ci_sm_count, gi_engines, gi_memory_mib};
@@ -64,6 +65,8 @@ enum Obj {
     Gi(usize, u32),
     Ci(usize, u32, u32),
     Mig(usize, u32, u32),
+    /// An event set (`nvmlEventSet_t`), by its own serial.
+    Events(u64),
 }
 
 /// A `nvmlDevice_t`: a physical GPU or a MIG device.
@@ -77,6 +80,7 @@ const KIND_DEVICE: usize = 1;
 const KIND_GI: usize = 2;
 const KIND_CI: usize = 3;
 const KIND_MIG: usize = 4;
+const KIND_EVENT_SET: usize = 5;
 
 fn encode(kind: usize, serial: u64) -> usize {
     (kind << 40) | ((serial as usize) << 4)
@@ -104,6 +108,8 @@ struct Session {
     stamp: Option<Stamp>,
     serials: HashMap<Obj, u64>,
     objects: HashMap<u64, Obj>,
+    /// Live event sets: what each watches and has delivered.
+    event_sets: HashMap<u64, Watches>,
 }
 
 impl Session {
@@ -123,7 +129,21 @@ impl Session {
             path,
             serials: HashMap::new(),
             objects: HashMap::new(),
+            event_sets: HashMap::new(),
         })
+        .inspect(Session::sync_procfs)
+    }
+
+    /// Keep the simulated host's MIG procfs files in step (`FAKE_NVML_PROC_ROOT`, see
+    /// [`crate::procfs`]). A failure is reported on stderr and does not fail the NVML call, as
+    /// the driver's procfs is not part of NVML's answer.
+    fn sync_procfs(&self) {
+        let Some(root) = std::env::var_os("FAKE_NVML_PROC_ROOT") else {
+            return;
+        };
+        if let Err(e) = crate::procfs::sync(Path::new(&root), &self.state) {
+            eprintln!("fake-nvml: updating {}: {e}", Path::new(&root).display());
+        }
     }
 
     /// Pick up changes another process (or the test) made to the file since we last saw it.
@@ -131,7 +151,10 @@ impl Session {
         let now = stamp(&self.path);
         if now != self.stamp {
             match State::read_from(&self.path) {
-                Ok(s) => self.state = s,
+                Ok(s) => {
+                    self.state = s;
+                    self.sync_procfs();
+                }
                 Err(e) => eprintln!(
                     "fake-nvml: {}: {e} (keeping the old state)",
                     self.path.display()
@@ -147,6 +170,7 @@ impl Session {
             UNKNOWN
         })?;
         self.stamp = stamp(&self.path);
+        self.sync_procfs();
         Ok(())
     }
 
@@ -159,6 +183,7 @@ impl Session {
             Obj::Gi(..) => KIND_GI,
             Obj::Ci(..) => KIND_CI,
             Obj::Mig(..) => KIND_MIG,
+            Obj::Events(..) => KIND_EVENT_SET,
         };
         let next = || NEXT_SERIAL.fetch_add(1, Ordering::Relaxed);
         let serial = *self.serials.entry(obj).or_insert_with(next);
@@ -185,6 +210,7 @@ impl Session {
             Obj::Ci(g, gi, ci) | Obj::Mig(g, gi, ci) => {
                 self.gpu(g)?.compute_instance(gi, ci).is_some()
             }
+            Obj::Events(id) => self.event_sets.contains_key(&id),
         };
         alive.then_some(obj).ok_or(INVALID_ARGUMENT)
     }
@@ -278,19 +304,33 @@ macro_rules! exports {
 }
 /// Run an export: fault injection, lock, panic containment.
 fn guarded(function: &'static str, f: impl FnOnce(&mut Option<Session>) -> Result<(), Ret>) -> Ret {
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
+    contained(|| {
         if let Some(code) = faults::injected(function) {
             log_injected(function, code);
             return Err(code);
         }
-        let mut world = WORLD.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut world)
-    }));
-    match outcome {
+        f(&mut WORLD.lock().unwrap_or_else(|e| e.into_inner()))
+    })
+}
+
+/// `f`'s return code; a panic becomes UNKNOWN rather than crossing the C boundary.
+fn contained(f: impl FnOnce() -> Result<(), Ret>) -> Ret {
+    match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => SUCCESS,
         Ok(Err(code)) => code,
         Err(_) => UNKNOWN,
     }
+}
+
+/// Another pass of a call already counted for fault injection (a blocking wait polls the
+/// state): the lock and a fresh look at the state file, no second injection.
+fn call_again(f: impl FnOnce(&mut Session) -> Result<(), Ret>) -> Ret {
+    contained(|| {
+        let mut world = WORLD.lock().unwrap_or_else(|e| e.into_inner());
+        let s = world.as_mut().ok_or(UNINITIALIZED)?;
+        s.refresh();
+        f(s)
+    })
 }
 
 /// As [`guarded`], for calls that need `nvmlInit` first.
@@ -613,4 +653,6 @@ pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
     codes::text(result).as_ptr().cast()
 }
 
+mod board;
+mod events;
 mod exports;
