@@ -643,3 +643,91 @@ fn mps_inside_mig_devices_sends_each_client_to_its_devices_daemon() {
         );
     });
 }
+
+/// Issue 27 part 3: a device that raises a critical XID is reported Unhealthy to the kubelet,
+/// with a Warning Event and metrics; an application XID changes nothing. The XIDs are raised in
+/// the fake NVML's state file, which delivers them through NVML event sets, as the driver does.
+/// As in NVIDIA's plugin (k8s-device-plugin `internal/rm/health.go`): an XID carrying a MIG
+/// device's ids marks that MIG device only, one without marks the GPU's devices (here its four
+/// time-sliced replicas); XID 31 (an application's page fault) is skipped.
+#[test]
+fn a_critical_xid_marks_its_devices_unhealthy_with_an_event_and_metrics() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let node = small_node(&[]).await;
+        wait_for("the XID watch", Duration::from_secs(30), || {
+            node.sim.log().contains("watching for critical XID errors")
+        })
+        .await;
+        let mut gpu_plugin = plugin(node.dp.join("nvidia-gpu.sock")).await;
+        let mut mig_plugin = plugin(node.dp.join("nvidia-mig-1g.10gb.sock")).await;
+        let mut gpu_stream = watch(&mut gpu_plugin).await;
+        let mut mig_stream = watch(&mut mig_plugin).await;
+        let healthy = |l: &ListAndWatchResponse| l.devices.iter().all(|d| d.health == "Healthy");
+        list_until(&mut gpu_stream, |l| l.devices.len() == 5 && healthy(l)).await;
+        list_until(&mut mig_stream, |l| l.devices.len() == 7 && healthy(l)).await;
+
+        let mut s = State::read_from(&node.nvml).unwrap();
+        let gi = &s.gpus[0].gpu_instances[0];
+        let (gi_id, ci) = (gi.id, &gi.compute_instances[0]);
+        let (ci_id, faulted_mig) = (ci.id, ci.uuid.clone());
+        let (gpu1, gpu2) = (s.gpus[1].uuid.clone(), s.gpus[2].uuid.clone());
+        s.gpus[0].raise_xid(31, Some((gi_id, ci_id)));
+        s.gpus[0].raise_xid(48, Some((gi_id, ci_id)));
+        s.gpus[2].raise_xid(79, None);
+        s.write_to(&node.nvml).unwrap();
+
+        let unhealthy = |l: &ListAndWatchResponse| -> Vec<String> {
+            let sick = l.devices.iter().filter(|d| d.health == "Unhealthy");
+            sick.map(|d| d.id.clone()).collect()
+        };
+        let migs = list_until(&mut mig_stream, |l| !unhealthy(l).is_empty()).await;
+        assert_eq!(unhealthy(&migs), std::slice::from_ref(&faulted_mig));
+        let gpus = list_until(&mut gpu_stream, |l| unhealthy(l).len() == 4).await;
+        let replicas: Vec<String> = (0..4).map(|r| format!("{gpu2}::{r}")).collect();
+        let mut sick = unhealthy(&gpus);
+        sick.sort();
+        assert_eq!(
+            sick, replicas,
+            "GPU 2's replicas; GPU 1 ({gpu1}) stays healthy"
+        );
+
+        wait_for(
+            "two DeviceUnhealthy events",
+            Duration::from_secs(20),
+            || {
+                let events = node._api.events();
+                events
+                    .iter()
+                    .filter(|e| e.reason.as_deref() == Some("DeviceUnhealthy"))
+                    .count()
+                    == 2
+            },
+        )
+        .await;
+        let notes: Vec<String> = node
+            ._api
+            .events()
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("DeviceUnhealthy"))
+            .filter_map(|e| e.note)
+            .collect();
+        assert!(notes
+            .iter()
+            .any(|n| n.contains(&faulted_mig) && n.contains("XID 48")));
+        assert!(notes
+            .iter()
+            .any(|n| n.contains(&gpu2) && n.contains("XID 79")));
+        assert!(!notes.iter().any(|n| n.contains("XID 31")), "{notes:?}");
+
+        let metrics = node_sim::http_get(node.sim.http_port(), "/metrics").unwrap();
+        for line in [
+            "gpu_share_unhealthy_devices 2",
+            "gpu_share_critical_xids_total{xid=\"48\"} 1",
+            "gpu_share_critical_xids_total{xid=\"79\"} 1",
+        ] {
+            assert!(metrics.contains(line), "{line} in\n{metrics}");
+        }
+        assert!(!metrics.contains("xid=\"31\""));
+    });
+}

@@ -61,6 +61,11 @@ struct ProfileLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct XidLabels {
+    xid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     state: String,
 }
@@ -77,6 +82,8 @@ struct Inner {
     state: Family<StateLabels, Gauge>,
     /// The state that is 1 now; also serializes `set_state` calls.
     current_state: Mutex<Option<String>>,
+    critical_xids: Family<XidLabels, Counter>,
+    unhealthy_devices: Gauge,
 }
 
 /// The agent's metrics. Cheap to clone; all clones share one registry.
@@ -106,6 +113,8 @@ impl Metrics {
         let duration = Histogram::new(DURATION_BUCKETS);
         let profile = Family::<ProfileLabels, Gauge>::default();
         let state = Family::<StateLabels, Gauge>::default();
+        let critical_xids = Family::<XidLabels, Counter>::default();
+        let unhealthy_devices = Gauge::default();
 
         // Counter names without `_total`: prometheus-client appends it.
         registry.register(
@@ -138,6 +147,16 @@ impl Metrics {
             "The node's published profile state (1 for the current one)",
             state.clone(),
         );
+        registry.register(
+            "gpu_share_critical_xids",
+            "Devices that raised a critical XID error, by XID (each device counted once)",
+            critical_xids.clone(),
+        );
+        registry.register(
+            "gpu_share_unhealthy_devices",
+            "GPUs and MIG devices reported unhealthy after a critical XID, since the agent started",
+            unhealthy_devices.clone(),
+        );
 
         for r in RESULTS {
             let _ = reconciles.get_or_create(&ResultLabels { result: r.into() });
@@ -163,6 +182,8 @@ impl Metrics {
                 current_profile: Mutex::new(None),
                 state,
                 current_state: Mutex::new(None),
+                critical_xids,
+                unhealthy_devices,
             }),
         }
     }
@@ -247,6 +268,15 @@ impl Metrics {
             }
         }
         *current = Some(state.to_string());
+    }
+
+    /// A device newly faulted by critical XID `xid`; `unhealthy` devices are faulted now.
+    pub fn device_faulted(&self, xid: u64, unhealthy: usize) {
+        let labels = XidLabels {
+            xid: xid.to_string(),
+        };
+        self.inner.critical_xids.get_or_create(&labels).inc();
+        self.inner.unhealthy_devices.set(unhealthy as i64);
     }
 
     /// The registry as OpenMetrics text (ends with `# EOF`).

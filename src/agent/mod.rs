@@ -8,6 +8,7 @@
 
 pub mod advertisement;
 pub mod allocatable;
+pub mod device_health;
 pub mod devices_in_use;
 mod dra;
 pub mod drain;
@@ -345,6 +346,12 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     )
     .map_err(anyhow::Error::msg)?;
     let gpus = SharedGpus::new(args.nvml_lib.clone());
+    let faults = device_health::start(
+        args.nvml_lib.clone(),
+        recorder.clone(),
+        node_ref.clone(),
+        metrics.clone(),
+    );
     // --plugin dra: the applied devices (sent after each apply) the kubelet plugin prepares
     // claims from, beside the published slices (`dra.subscribe()`).
     let dra_devices = watch::channel(Arc::new(Inventory::default()));
@@ -382,6 +389,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             PluginManager::start(ManagerSettings {
                 dir: args.device_plugin_dir.clone(),
                 gpus,
+                faults: faults.clone(),
                 health_interval: Duration::from_millis(args.plugin_health_ms),
                 kubelet_poll: Duration::from_millis(args.kubelet_poll_ms),
                 device_listing,

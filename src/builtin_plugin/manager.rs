@@ -19,6 +19,7 @@ use super::cdi::DeviceListing;
 use super::inventory::{Inventory, ResourceDevices};
 use super::server::{register, Endpoint, KUBELET_SOCKET};
 use super::socket_name;
+use crate::gpu::xid::Faults;
 use crate::gpu::{Gpus, SharedGpus};
 
 /// Where the manager works and how often it looks.
@@ -28,6 +29,8 @@ pub struct ManagerSettings {
     pub dir: PathBuf,
     /// The agent's NVML session, for device health.
     pub gpus: SharedGpus,
+    /// Devices that raised a critical XID: advertised Unhealthy from the moment they do.
+    pub faults: Faults,
     /// How often device health is read from NVML.
     pub health_interval: Duration,
     /// How often `kubelet.sock` is checked for a kubelet restart (and failed registrations
@@ -205,21 +208,21 @@ impl PluginManager {
         }
     }
 
-    /// Mark devices NVML no longer lists, or whose MPS daemon is down, Unhealthy, and back when
-    /// they return.
+    /// Mark devices NVML no longer lists, that raised a critical XID, or whose MPS daemon is
+    /// down, Unhealthy, and back when they return (an XID's mark stays). Runs every health
+    /// interval, and at once when a device is newly faulted.
     async fn watch_health(self) {
         let mut tick = tokio::time::interval(self.settings.health_interval);
+        let mut faulted = self.settings.faults.subscribe();
         loop {
-            tick.tick().await;
-            let gpus = self.settings.gpus.clone();
+            tokio::select! {
+                _ = tick.tick() => {}
+                Ok(()) = faulted.changed() => {}
+            }
+            let (gpus, faults) = (self.settings.gpus.clone(), self.settings.faults.clone());
             let present = tokio::task::spawn_blocking(move || {
                 let node = gpus.with(Gpus::observe)?;
-                let mut uuids = BTreeSet::new();
-                for gpu in node.gpus {
-                    uuids.extend(gpu.uuid);
-                    uuids.extend(gpu.compute_instances.into_iter().filter_map(|c| c.uuid));
-                }
-                Ok::<_, crate::gpu::GpuError>(uuids)
+                Ok::<_, crate::gpu::GpuError>(faults.healthy_devices(&node))
             })
             .await;
             let present = match present {

@@ -9,6 +9,7 @@
 
 mod observed;
 pub mod raw;
+pub mod xid;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

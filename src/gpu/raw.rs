@@ -23,8 +23,8 @@ use nvml_wrapper::error::nvml_sym;
 use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings::{
     nvmlComputeInstanceInfo_t, nvmlComputeInstanceProfileInfo_t, nvmlComputeInstance_t,
-    nvmlDevice_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_t,
-    nvmlGpuInstance_t, nvmlReturn_t,
+    nvmlDevice_t, nvmlEventData_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
+    nvmlGpuInstanceProfileInfo_t, nvmlGpuInstance_t, nvmlReturn_t,
 };
 
 use crate::mig::Placement;
@@ -330,4 +330,43 @@ pub fn mig_device_ids(nvml: &Nvml, mig_device: nvmlDevice_t) -> Result<(u32, u32
         ci_f(mig_device, &mut ci)
     })?;
     Ok((gi, ci))
+}
+
+/// One event from `nvmlEventSetWait_v2`, with the MIG device's ids that nvml-wrapper's
+/// `EventSet::wait` drops (`None` for 0xFFFFFFFF: the event is the whole GPU's).
+#[derive(Debug, Clone, Copy)]
+pub struct RawEvent {
+    pub device: nvmlDevice_t,
+    pub event_type: u64,
+    pub data: u64,
+    pub gpu_instance: Option<u32>,
+    pub compute_instance: Option<u32>,
+}
+
+/// `NVML_ERROR_TIMEOUT`: no event within the wait.
+const TIMEOUT: nvmlReturn_t = 10;
+
+/// Wait up to `timeout_ms` for the next event of `set`; `None` when none came.
+pub fn wait_event(
+    nvml: &Nvml,
+    set: &nvml_wrapper::EventSet<'_>,
+    timeout_ms: u32,
+) -> Result<Option<RawEvent>, NvmlCallError> {
+    let f = sym!(nvml, nvmlEventSetWait_v2);
+    // SAFETY: zeroed plain-data struct, filled by the call.
+    let mut data: nvmlEventData_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a live event set of this Nvml (borrowed for the call); a valid out-pointer.
+    let rc = unsafe { f(set.handle(), &mut data, timeout_ms) };
+    if rc == TIMEOUT {
+        return Ok(None);
+    }
+    check(nvml, "nvmlEventSetWait_v2", rc)?;
+    let id = |v: u32| (v != u32::MAX).then_some(v);
+    Ok(Some(RawEvent {
+        device: data.device,
+        event_type: data.eventType,
+        data: data.eventData,
+        gpu_instance: id(data.gpuInstanceId),
+        compute_instance: id(data.computeInstanceId),
+    }))
 }
