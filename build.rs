@@ -1,8 +1,8 @@
 //! Generates the kubelet's local gRPC APIs: the device-plugin API (v1beta1) client and server
 //! for the built-in device plugin (`src/builtin_plugin/`), and the PodResources API (v1) with
 //! which the agent finds the pods holding a device (`src/kubelet/`; its server half serves the
-//! tests' fake kubelet), and the DRA plugin API (v1) with the plugin-registration API that the
-//! DRA kubelet plugin serves (`src/dra/kubelet_plugin/`; their clients drive it in the tests'
+//! tests' fake kubelet), and the DRA plugin API (v1), its resource-health API (v1alpha1) and
+//! the plugin-registration API that the DRA kubelet plugin serves (`src/dra/kubelet_plugin/`; their clients drive it in the tests'
 //! simulated kubelet). The .protos are parsed by protox, a protobuf compiler written in Rust,
 //! so building needs no system `protoc`.
 //!
@@ -12,10 +12,11 @@
 //! in to them in the Dockerfile.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    const PROTOS: [&str; 4] = [
+    const PROTOS: [&str; 5] = [
         "proto/deviceplugin-v1beta1.proto",
         "proto/podresources-v1.proto",
         "proto/dra-v1.proto",
+        "proto/dra-health-v1alpha1.proto",
         "proto/pluginregistration-v1.proto",
     ];
     for proto in PROTOS {

@@ -20,6 +20,7 @@ use gpu_share::dra::kubelet_plugin::cdi::Spec;
 use gpu_share::dra::kubelet_plugin::checkpoint::Checkpoint;
 use gpu_share::dra::kubelet_plugin::{self, Inputs, KubeletPlugin, Settings};
 use gpu_share::dra::{resource_slices, DRIVER};
+use gpu_share::gpu::xid::{Fault, Faults};
 use gpu_share::gpu::{MigMode, ObservedComputeInstance, ObservedNode};
 use gpu_share::mig::ExistingInstance;
 use gpu_share::plan::{plan_for, NodePlan};
@@ -96,6 +97,7 @@ struct Node {
     api: KubeDouble,
     slices: watch::Sender<Arc<Vec<ResourceSlice>>>,
     inventory: watch::Sender<Arc<Inventory>>,
+    faults: Faults,
     kubelet: DraKubelet,
 }
 
@@ -122,6 +124,7 @@ impl Node {
             api: KubeDouble::start(),
             slices: watch::channel(Arc::new(slices)).0,
             inventory: watch::channel(Arc::new(inventory)).0,
+            faults: Faults::default(),
         }
     }
 
@@ -144,6 +147,7 @@ impl Node {
                 slices: self.slices.subscribe(),
                 inventory: self.inventory.subscribe(),
                 listing: self.listing.clone(),
+                faults: self.faults.clone(),
             },
         )
     }
@@ -694,4 +698,63 @@ async fn a_spec_that_cannot_be_written_fails_the_claim_and_a_retry_prepares_it()
     assert!(node.spec_path(&uid).exists());
     assert!(node.checkpoint().prepared(&uid).is_some());
     plugin.shutdown().await;
+}
+
+/// Issue 24/27: kubelet 1.36 opens the DRAResourceHealth stream on the DRA socket (before this,
+/// the plugin answered Unimplemented and the kubelet logged it every 5 s). Every published
+/// device is listed Healthy; a critical XID on a MIG device makes that device and its shares
+/// Unhealthy on the open stream, with the fault in the message, and the rest stay Healthy.
+#[tokio::test]
+async fn the_health_stream_lists_every_device_and_a_faulted_mig_device_turns_unhealthy() {
+    use gpu_share::dra::kubelet_plugin::api::health::HealthStatus;
+    let node = Node::new();
+    let _plugin = node.start().await;
+    let mut stream = node.kubelet.watch_health(DRIVER).await.unwrap();
+    let first = stream.message().await.unwrap().expect("a first list");
+    let published = node.published_devices();
+    assert_eq!(first.devices.len(), published.len());
+    assert!(first
+        .devices
+        .iter()
+        .all(|d| d.health == HealthStatus::Healthy as i32));
+    let mig = node.device("mig", 0);
+    let mig_uuid = text(&mig, "uuid").to_string();
+    let gpu_uuid = text(&mig, "parentUUID").to_string();
+    node.faults.record(Fault {
+        gpu_uuid,
+        mig_uuid: Some(mig_uuid.clone()),
+        xid: 48,
+    });
+    let next = tokio::time::timeout(WAIT, stream.message())
+        .await
+        .expect("a new list after the fault")
+        .unwrap()
+        .unwrap();
+    let sick: Vec<&str> = next
+        .devices
+        .iter()
+        .filter(|d| d.health == HealthStatus::Unhealthy as i32)
+        .map(|d| d.device.as_ref().unwrap().device_name.as_str())
+        .collect();
+    let expected: Vec<&str> = published
+        .iter()
+        .filter(|d| {
+            ["uuid", "migUUID"]
+                .iter()
+                .any(|k| d.attributes.get(*k).and_then(|a| a.string.as_deref()) == Some(&mig_uuid))
+        })
+        .map(|d| d.name.as_str())
+        .collect();
+    assert_eq!(sick, expected);
+    assert!(sick.contains(&mig.name.as_str()));
+    let message = &next
+        .devices
+        .iter()
+        .find(|d| d.device.as_ref().unwrap().device_name == mig.name)
+        .unwrap()
+        .message;
+    assert!(
+        message.contains("XID 48") && message.contains(&mig_uuid),
+        "{message}"
+    );
 }

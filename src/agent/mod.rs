@@ -417,6 +417,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             client.clone(),
             slices,
             &dra_devices.0,
+            faults.clone(),
         )?),
         None => None,
     };
@@ -458,12 +459,13 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
 }
 
 /// Serve the kubelet DRA plugin (`--plugin dra`) from the `published` slices and the applied
-/// `devices`.
+/// `devices`, with device health from `faults`.
 fn start_dra_plugin(
     args: &AgentArgs,
     client: kube::Client,
     published: watch::Receiver<Arc<Vec<ResourceSlice>>>,
     devices: &watch::Sender<Arc<Inventory>>,
+    faults: crate::gpu::xid::Faults,
 ) -> anyhow::Result<KubeletPlugin> {
     let settings = DraSettings {
         node_name: args.node_name.clone(),
@@ -480,6 +482,7 @@ fn start_dra_plugin(
             &args.cdi_annotation_prefix,
         )
         .map_err(anyhow::Error::msg)?,
+        faults,
     };
     info!(registration = %settings.registration_dir.display(),
           plugin = %settings.plugin_dir.display(), "serving the kubelet DRA plugin");

@@ -8,6 +8,8 @@
 //!   `NodePrepareResources` reads each claim, maps its devices to the published ones and
 //!   writes the CDI spec ([`cdi`]); `NodeUnprepareResources` removes it; both checkpointed
 //!   ([`checkpoint`]) and answered per claim.
+//! - [`health`]: the `DRAResourceHealth` v1alpha1 service on the same socket: every published
+//!   device's health (critical XIDs) streamed to the kubelet.
 //! - [`claim`], [`devices`]: the ResourceClaim's allocation, and what each device needs (the
 //!   built-in plugin's `Allocate` answer for the same device).
 
@@ -16,6 +18,7 @@ pub mod cdi;
 pub mod checkpoint;
 pub mod claim;
 pub mod devices;
+pub mod health;
 pub mod registration;
 pub mod service;
 
@@ -27,9 +30,12 @@ use tokio::sync::{watch, Mutex};
 use crate::builtin_plugin::{DeviceListing, Inventory};
 use crate::dra::api::ResourceSlice;
 use crate::dra::DRIVER;
+use crate::gpu::xid::Faults;
 use crate::kubelet::serving::Serving;
 use api::dra::dra_plugin_server::DraPluginServer;
+use api::health::dra_resource_health_server::DraResourceHealthServer;
 use api::registration::registration_server::RegistrationServer;
+use health::HealthService;
 use registration::RegistrationService;
 use service::{DraService, Preparer};
 
@@ -64,6 +70,8 @@ pub struct Inputs {
     /// each device's answer also names `<kind>=<uuid>` (the NVIDIA CDI spec's device, with the
     /// device nodes); without `envvar` the claim's spec sets no `NVIDIA_VISIBLE_DEVICES`.
     pub listing: DeviceListing,
+    /// Devices that raised a critical XID, streamed as Unhealthy to the kubelet.
+    pub faults: Faults,
 }
 
 /// The running plugin: both sockets.
@@ -82,6 +90,10 @@ impl KubeletPlugin {
         inputs: Inputs,
     ) -> Result<KubeletPlugin, String> {
         let dra_socket = settings.plugin_dir.join(DRA_SOCKET);
+        let health = HealthService {
+            slices: inputs.slices.clone(),
+            faults: inputs.faults,
+        };
         let preparer = Preparer {
             client,
             node_name: settings.node_name.clone(),
@@ -102,6 +114,7 @@ impl KubeletPlugin {
         let dra = Serving::start(&dra_socket, "DRA plugin endpoint", |_| {
             tonic::transport::Server::builder()
                 .add_service(DraPluginServer::new(DraService(Arc::new(preparer))))
+                .add_service(DraResourceHealthServer::new(health.clone()))
         })
         .map_err(|e| cannot_serve(&dra_socket, e))?;
         let registration_service =

@@ -26,6 +26,10 @@ use gpu_share::dra::kubelet_plugin::api::dra::{
     Claim, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
     NodeUnprepareResourcesRequest, NodeUnprepareResourcesResponse,
 };
+use gpu_share::dra::kubelet_plugin::api::health::dra_resource_health_client::DraResourceHealthClient;
+use gpu_share::dra::kubelet_plugin::api::health::{
+    NodeWatchResourcesRequest, NodeWatchResourcesResponse,
+};
 use gpu_share::dra::kubelet_plugin::api::registration::registration_client::RegistrationClient;
 use gpu_share::dra::kubelet_plugin::api::registration::{
     InfoRequest, PluginInfo, RegistrationStatus,
@@ -42,6 +46,8 @@ struct Registered {
     info: PluginInfo,
     registration_socket: PathBuf,
     client: DraPluginClient<Channel>,
+    /// The DRA socket's connection, for the health service on it.
+    channel: Channel,
 }
 
 /// The simulated kubelet's DRA plugin manager.
@@ -112,6 +118,28 @@ impl DraKubelet {
             .ok_or_else(|| {
                 tonic::Status::unavailable(format!("DRA driver {driver} is not registered"))
             })
+    }
+
+    /// `NodeWatchResources` (DRAResourceHealth v1alpha1), which kubelet 1.34+ opens on every
+    /// registered driver's DRA socket (feature ResourceHealthStatus, on in 1.36).
+    pub async fn watch_health(
+        &self,
+        driver: &str,
+    ) -> Result<tonic::Streaming<NodeWatchResourcesResponse>, tonic::Status> {
+        let channel = self
+            .drivers
+            .lock()
+            .unwrap()
+            .get(driver)
+            .map(|r| r.channel.clone())
+            .ok_or_else(|| {
+                tonic::Status::unavailable(format!("DRA driver {driver} is not registered"))
+            })?;
+        let mut client = DraResourceHealthClient::new(channel);
+        let stream = client
+            .node_watch_resources(NodeWatchResourcesRequest {})
+            .await?;
+        Ok(stream.into_inner())
     }
 
     /// `NodePrepareResources` for `claims`, as the kubelet calls it before a pod's containers.
@@ -213,13 +241,13 @@ async fn register(socket: &Path) -> Result<Registered, String> {
         .map_err(|e| format!("GetInfo failed: {e}"))?
         .into_inner();
     let outcome = validate(&info);
-    let client = match outcome {
+    let channel = match outcome {
         Ok(()) => gpu_share::kubelet::dial(PathBuf::from(&info.endpoint))
             .await
-            .map(DraPluginClient::new)
             .map_err(|e| format!("cannot dial the DRA endpoint {}: {e}", info.endpoint)),
         Err(e) => Err(e),
     };
+    let client = channel.clone().map(DraPluginClient::new);
     let status = RegistrationStatus {
         plugin_registered: client.is_ok(),
         error: client.as_ref().err().cloned().unwrap_or_default(),
@@ -232,6 +260,7 @@ async fn register(socket: &Path) -> Result<Registered, String> {
         info,
         registration_socket: socket.to_path_buf(),
         client: client?,
+        channel: channel?,
     })
 }
 
