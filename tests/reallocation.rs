@@ -214,3 +214,66 @@ fn the_same_ids_shared_through_mps_instead_of_time_slicing_drain_their_holders()
         notes(&bed.api, "Reallocating")
     );
 }
+
+/// `gpu-share plan --advertised` reads the advertisement the agent saved (its state dir's
+/// `advertised.json`) and says per device ID, before any label changes, whose holder a change
+/// would evict and why: the same verdicts the agent then acts on (replicas 4 → 2 above).
+#[test]
+fn plan_says_per_device_whose_holder_a_change_evicts() {
+    let profiles = [("ts-4", time_sliced(4)), ("ts-2", time_sliced(2))];
+    let bed = Bed::new("gpu-plan", h100s(1, false), &profiles, "ts-4");
+    let gpu = bed.gpu_uuid(0);
+    let dir = tempfile::tempdir().unwrap();
+    let (profile, current) = (dir.path().join("ts-2.yaml"), dir.path().join("node.json"));
+    std::fs::write(&profile, &profiles[1].1).unwrap();
+    let observed = observe(&bed.node.nvml_state());
+    std::fs::write(&current, serde_json::to_string(&observed).unwrap()).unwrap();
+    let advertised = bed.node.path("state/advertised.json");
+    let plan = |output: &str| {
+        let out = std::process::Command::new(gpu_share_bin())
+            .args(["plan", "-o", output, "--profile"])
+            .arg(&profile)
+            .arg("--current")
+            .arg(&current)
+            .arg("--advertised")
+            .arg(&advertised)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let json: serde_json::Value = serde_json::from_str(&plan("json")).unwrap();
+    let verdicts = json["reallocation"]
+        .as_array()
+        .expect("a reallocation list");
+    let evicts: Vec<(String, bool)> = verdicts
+        .iter()
+        .map(|v| {
+            (
+                v["id"].as_str().unwrap().to_string(),
+                v["evictsHolder"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, bool)> = (0..4).map(|r| (format!("{gpu}::{r}"), r >= 2)).collect();
+    assert_eq!(evicts, expected);
+    let text = plan("text");
+    assert!(
+        text.contains("a pod holding one of 2 of 4 is evicted first"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "holder evicted  {gpu}::3: {gpu}::3 (nvidia.com/gpu) is no longer advertised"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("holder stays    {gpu}::0:")),
+        "{text}"
+    );
+}

@@ -207,14 +207,23 @@ pub enum Verdict {
 
 /// The verdict on `held` when the node goes from `before` (none: not known) to `after`.
 pub fn judge(held: &Held, before: Option<&Advertisement>, after: &Advertisement) -> Verdict {
-    let (id, resource) = (&held.id, &held.resource);
+    judge_id(&held.id, &held.resource, before, after)
+}
+
+/// The verdict on device ID `id` of `resource`, held by some pod, from `before` to `after`.
+fn judge_id(
+    id: &str,
+    resource: &str,
+    before: Option<&Advertisement>,
+    after: &Advertisement,
+) -> Verdict {
     let Some(now) = after.devices.get(id) else {
         return Verdict::Reallocated(format!(
             "{id} ({resource}) is no longer advertised{}",
             readvertised_as(id, after)
         ));
     };
-    if &now.resource != resource {
+    if now.resource != resource {
         return Verdict::Reallocated(format!(
             "{id} is now advertised as {}, not {resource}",
             now.resource
@@ -259,6 +268,36 @@ fn readvertised_as(id: &str, after: &Advertisement) -> String {
     )
 }
 
+/// What would become of a pod holding each device ID `before` advertises, were the node to
+/// advertise `after`: `gpu-share plan --advertised` prints it, so an operator sees per device
+/// which holders a change evicts and why, before labelling the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceVerdict {
+    pub id: String,
+    pub resource: String,
+    /// True: its holder is drained before the new advertisement is written.
+    pub evicts_holder: bool,
+    pub why: String,
+}
+
+/// [`DeviceVerdict`]s for every device ID of `before`, in ID order.
+pub fn verdicts(before: &Advertisement, after: &Advertisement) -> Vec<DeviceVerdict> {
+    let each = before.devices.iter().map(|(id, was)| {
+        let (evicts_holder, why) = match judge_id(id, &was.resource, Some(before), after) {
+            Verdict::Stays(why) => (false, why),
+            Verdict::Reallocated(why) => (true, why),
+        };
+        DeviceVerdict {
+            id: id.clone(),
+            resource: was.resource.clone(),
+            evicts_holder,
+            why,
+        }
+    });
+    each.collect()
+}
+
 /// The held devices whose holders must leave before `after` is advertised, with why.
 pub fn reallocated(
     held: &[Held],
@@ -289,6 +328,33 @@ pub(super) fn note(key: &str, reallocated: &[(Held, String)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn verdicts_say_per_device_whose_holder_is_evicted() {
+        let four = advertisement(&[
+            ("GPU-a::0", GPU, Sharing::TimeSlicing),
+            ("GPU-a::1", GPU, Sharing::TimeSlicing),
+            ("GPU-a::2", GPU, Sharing::TimeSlicing),
+            ("GPU-a::3", GPU, Sharing::TimeSlicing),
+        ]);
+        let two = advertisement(&[
+            ("GPU-a::0", GPU, Sharing::TimeSlicing),
+            ("GPU-a::1", GPU, Sharing::TimeSlicing),
+        ]);
+        let v = verdicts(&four, &two);
+        let evicted: Vec<&str> = v
+            .iter()
+            .filter(|d| d.evicts_holder)
+            .map(|d| d.id.as_str())
+            .collect();
+        assert_eq!(evicted, ["GPU-a::2", "GPU-a::3"]);
+        assert!(v[0].why.contains("stays advertised"), "{}", v[0].why);
+        assert!(v[2].why.contains("no longer advertised"), "{}", v[2].why);
+        assert!(
+            verdicts(&two, &four).iter().all(|d| !d.evicts_holder),
+            "replicas grow"
+        );
+    }
 
     fn advertisement(entries: &[(&str, &str, Sharing)]) -> Advertisement {
         Advertisement {

@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 
 use crate::advise;
+use crate::agent::advertisement::{verdicts, Advertisement, DeviceVerdict};
 use crate::agent::AgentArgs;
 use crate::apply::{apply, resume, ApplyError, ApplyOptions, DevicePluginOutput};
 use crate::builtin_plugin::PluginKind;
@@ -300,6 +301,12 @@ struct PlanArgs {
     /// dra: the node's name, which names its pool and slices.
     #[arg(long, env = "NODE_NAME", default_value = "node")]
     node_name: String,
+    /// The node's last applied advertisement (the agent's `<state dir>/advertised.json`): the
+    /// plan then says, per device ID a pod may hold now, whether that pod stays or is evicted
+    /// first, and why (a device advertised otherwise is re-allocated; docs/operator-guide.md).
+    /// Needs --current or this node's GPUs (UUIDs), not --gpu; not with --plugin dra.
+    #[arg(long, conflicts_with = "gpu")]
+    advertised: Option<PathBuf>,
     #[command(flatten)]
     out: OutputArgs,
 }
@@ -359,6 +366,15 @@ struct DraPlan {
     #[serde(flatten)]
     plan: crate::plan::NodePlan,
     resource_slices: Vec<crate::dra::api::ResourceSlice>,
+}
+
+/// `plan --advertised`: the plan and, per device ID advertised now, what becomes of its holder.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReallocationPlan {
+    #[serde(flatten)]
+    plan: crate::plan::NodePlan,
+    reallocation: Vec<DeviceVerdict>,
 }
 
 /// Parse the command line and run; the exit code says whether problems were found.
@@ -554,13 +570,45 @@ fn run_plan(args: &PlanArgs) -> Result<ExitCode> {
                 .plugin_config
                 .as_ref()
                 .map(|path| (path.clone(), std::fs::read_to_string(path).ok()));
-            emit(args.out.output, &plan, |p| {
+            let text = |p: &crate::plan::NodePlan| {
                 render::plan(p, simulated) + &render::plugin_config(p, current.as_ref())
-            })?;
+            };
+            match &args.advertised {
+                Some(path) => {
+                    let reallocation = plan_verdicts(path, &plan, &node, &profile.plugin)?;
+                    let both = ReallocationPlan { plan, reallocation };
+                    emit(args.out.output, &both, |b| {
+                        text(&b.plan) + &render::reallocation(path, &b.reallocation)
+                    })?;
+                }
+                None => emit(args.out.output, &plan, text)?,
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(problems) => report_problems(args.out.output, &problems),
     }
+}
+
+/// `plan --advertised`: each device ID of the saved advertisement judged against what `plan`
+/// advertises on `node` (the agent's rule, `agent::advertisement`).
+fn plan_verdicts(
+    path: &Path,
+    plan: &crate::plan::NodePlan,
+    node: &ObservedNode,
+    options: &crate::profile::PluginOptions,
+) -> Result<Vec<DeviceVerdict>> {
+    let text = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let before: Advertisement = serde_json::from_slice(&text).with_context(|| {
+        format!(
+            "{}: not an advertisement as the agent saves it ({})",
+            path.display(),
+            crate::agent::advertisement::ADVERTISEMENT_FILE
+        )
+    })?;
+    let root = Path::new(daemon::DEFAULT_ROOT);
+    let inventory =
+        crate::builtin_plugin::inventory::Inventory::from_plan(plan, node, options, root);
+    Ok(verdicts(&before, &Advertisement::of(&inventory)))
 }
 
 /// `plan` with neither `--gpu` nor `--current`: the GPUs of the node it runs on, read through
