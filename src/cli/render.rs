@@ -510,6 +510,29 @@ pub(super) fn error_chain(e: &anyhow::Error) -> String {
     text
 }
 
+/// `plan --advertised`: per device ID advertised now, whether a pod holding it stays or is
+/// evicted before the new advertisement is written, and why.
+pub fn reallocation(
+    path: &std::path::Path,
+    verdicts: &[crate::agent::advertisement::DeviceVerdict],
+) -> String {
+    let evicted = verdicts.iter().filter(|v| v.evicts_holder).count();
+    let mut out = format!(
+        "\nDevices advertised now ({}): a pod holding one of {evicted} of {} is evicted first\n",
+        path.display(),
+        verdicts.len()
+    );
+    for v in verdicts {
+        let fate = if v.evicts_holder {
+            "holder evicted"
+        } else {
+            "holder stays  "
+        };
+        out += &format!("  {fate}  {}: {}\n", v.id, v.why);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use std::error::Error;
@@ -598,27 +621,4 @@ mod tests {
             )
         );
     }
-}
-
-/// `plan --advertised`: per device ID advertised now, whether a pod holding it stays or is
-/// evicted before the new advertisement is written, and why.
-pub fn reallocation(
-    path: &std::path::Path,
-    verdicts: &[crate::agent::advertisement::DeviceVerdict],
-) -> String {
-    let evicted = verdicts.iter().filter(|v| v.evicts_holder).count();
-    let mut out = format!(
-        "\nDevices advertised now ({}): a pod holding one of {evicted} of {} is evicted first\n",
-        path.display(),
-        verdicts.len()
-    );
-    for v in verdicts {
-        let fate = if v.evicts_holder {
-            "holder evicted"
-        } else {
-            "holder stays  "
-        };
-        out += &format!("  {fate}  {}: {}\n", v.id, v.why);
-    }
-    out
 }
