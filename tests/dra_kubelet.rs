@@ -758,3 +758,42 @@ async fn the_health_stream_lists_every_device_and_a_faulted_mig_device_turns_unh
         "{message}"
     );
 }
+
+/// Issue 24: the kubelet's plugin watcher dials the registration socket by path through grpc-go,
+/// which sends the path as `:authority`. A plain tonic (h2) server resets that stream with
+/// PROTOCOL_ERROR, what a real kubelet 1.36 logged ("failed to get plugin info using RPC
+/// GetInfo … RST_STREAM with error code: PROTOCOL_ERROR"); served through the front the agent
+/// uses for that socket (`kubelet::authority`), GetInfo answers. node-sim's kubelet registers
+/// with the same grpc-go-shaped calls (`node_sim::grpc_go`), so every DRA test goes this way.
+#[tokio::test]
+async fn registration_answers_grpc_gos_socket_path_authority_only_through_the_front() {
+    use gpu_share::dra::kubelet_plugin::api::registration::registration_server::RegistrationServer;
+    use gpu_share::dra::kubelet_plugin::api::registration::{InfoRequest, PluginInfo};
+    use gpu_share::dra::kubelet_plugin::registration::RegistrationService;
+    use gpu_share::kubelet::serving::Serving;
+
+    let dir = tempfile::tempdir().unwrap();
+    let service = RegistrationService::new(DRIVER, "/var/lib/kubelet/plugins/x/dra.sock");
+    let router = |_| {
+        tonic::transport::Server::builder().add_service(RegistrationServer::new(service.clone()))
+    };
+    let (plain, fronted) = (dir.path().join("plain.sock"), dir.path().join("fronted.sock"));
+    let plain_server = Serving::start(&plain, "plain", router).unwrap();
+    let fronted_server = Serving::start_for_plugin_watcher(&fronted, "fronted", router).unwrap();
+    let get_info = "/pluginregistration.Registration/GetInfo";
+    let call = |socket: PathBuf, authority: String| async move {
+        node_sim::grpc_go::unary::<_, PluginInfo>(&socket, &authority, get_info, &InfoRequest {})
+            .await
+    };
+    let path = |p: &Path| p.display().to_string();
+
+    let refused = call(plain.clone(), path(&plain)).await.unwrap_err();
+    assert!(refused.contains("RST_STREAM") && refused.contains("PROTOCOL_ERROR"), "{refused}");
+    let info = call(plain.clone(), "localhost".into()).await.unwrap();
+    assert_eq!(info.name, DRIVER, "a valid authority is served as it is");
+    let info = call(fronted.clone(), path(&fronted)).await.unwrap();
+    assert_eq!(info.name, DRIVER);
+    assert_eq!(info.endpoint, "/var/lib/kubelet/plugins/x/dra.sock");
+    plain_server.stop().await;
+    fronted_server.stop().await;
+}

@@ -4,6 +4,7 @@
 //! ([`cgroup`], which says which pod a process belongs to). [`serving`] is the server side of
 //! those sockets for the endpoints gpu-share serves to the kubelet.
 
+pub mod authority;
 pub mod cgroup;
 pub mod pod_resources;
 pub mod serving;

@@ -9,6 +9,7 @@ use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::StreamExt;
 use tonic::transport::server::Router;
 use tracing::warn;
 
@@ -28,6 +29,26 @@ impl Serving {
         what: &'static str,
         make_router: impl FnOnce(watch::Receiver<bool>) -> Router,
     ) -> std::io::Result<Serving> {
+        Self::start_with(socket, what, false, make_router)
+    }
+
+    /// As [`Serving::start`], for the socket the kubelet's plugin watcher dials: each connection
+    /// goes through [`super::authority::front`], which fixes the `:authority` grpc-go sends
+    /// there (the socket's path), which the HTTP/2 server would refuse.
+    pub fn start_for_plugin_watcher(
+        socket: &Path,
+        what: &'static str,
+        make_router: impl FnOnce(watch::Receiver<bool>) -> Router,
+    ) -> std::io::Result<Serving> {
+        Self::start_with(socket, what, true, make_router)
+    }
+
+    fn start_with(
+        socket: &Path,
+        what: &'static str,
+        fronted: bool,
+        make_router: impl FnOnce(watch::Receiver<bool>) -> Router,
+    ) -> std::io::Result<Serving> {
         match std::fs::remove_file(socket) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -43,10 +64,15 @@ impl Serving {
             let shutdown = async move {
                 let _ = shutdown.wait_for(|s| *s).await;
             };
-            if let Err(e) = router
-                .serve_with_incoming_shutdown(incoming, shutdown)
-                .await
-            {
+            let served = if fronted {
+                let fronted = incoming.map(|c| c.map(super::authority::front));
+                router.serve_with_incoming_shutdown(fronted, shutdown).await
+            } else {
+                router
+                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .await
+            };
+            if let Err(e) = served {
                 warn!(socket = %path.display(), error = %e, "{what} failed");
             }
         });

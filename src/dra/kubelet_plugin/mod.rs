@@ -120,10 +120,14 @@ impl KubeletPlugin {
         let registration_service =
             RegistrationService::new(DRIVER, &dra_socket.display().to_string());
         let reg_socket = settings.registration_dir.join(registration_socket_name());
-        let registration = match Serving::start(&reg_socket, "DRA registration endpoint", |_| {
-            tonic::transport::Server::builder()
-                .add_service(RegistrationServer::new(registration_service.clone()))
-        }) {
+        let registration = match Serving::start_for_plugin_watcher(
+            &reg_socket,
+            "DRA registration endpoint",
+            |_| {
+                tonic::transport::Server::builder()
+                    .add_service(RegistrationServer::new(registration_service.clone()))
+            },
+        ) {
             Ok(serving) => serving,
             Err(e) => {
                 let _ = std::fs::remove_file(&dra_socket);

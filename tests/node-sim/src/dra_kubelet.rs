@@ -30,10 +30,14 @@ use gpu_share::dra::kubelet_plugin::api::health::dra_resource_health_client::Dra
 use gpu_share::dra::kubelet_plugin::api::health::{
     NodeWatchResourcesRequest, NodeWatchResourcesResponse,
 };
-use gpu_share::dra::kubelet_plugin::api::registration::registration_client::RegistrationClient;
 use gpu_share::dra::kubelet_plugin::api::registration::{
-    InfoRequest, PluginInfo, RegistrationStatus,
+    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
+
+/// The Registration service's methods (pluginregistration/api.proto).
+const GET_INFO: &str = "/pluginregistration.Registration/GetInfo";
+const NOTIFY_REGISTRATION_STATUS: &str =
+    "/pluginregistration.Registration/NotifyRegistrationStatus";
 use tonic::transport::Channel;
 
 /// The DRA services the kubelet speaks, newest first (kubelet `servicesSupportedByKubelet`);
@@ -229,17 +233,16 @@ fn sockets_in(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// GetInfo, validate, dial the endpoint, report the outcome.
+/// GetInfo, validate, dial the endpoint, report the outcome. The registration calls go as the
+/// kubelet's plugin watcher makes them: grpc-go dialled by the socket's path, which it sends
+/// as `:authority` ([`crate::grpc_go`]); a server that refuses that is refused here too.
 async fn register(socket: &Path) -> Result<Registered, String> {
-    let channel = gpu_share::kubelet::dial(socket.to_path_buf())
+    let authority = socket.display().to_string();
+    let info: PluginInfo = crate::grpc_go::unary(socket, &authority, GET_INFO, &InfoRequest {})
         .await
-        .map_err(|e| format!("cannot dial {}: {e}", socket.display()))?;
-    let mut registration = RegistrationClient::new(channel);
-    let info = registration
-        .get_info(InfoRequest {})
-        .await
-        .map_err(|e| format!("GetInfo failed: {e}"))?
-        .into_inner();
+        .map_err(|e| {
+            format!("failed to get plugin info using RPC GetInfo at socket {authority}, err: {e}")
+        })?;
     let outcome = validate(&info);
     let channel = match outcome {
         Ok(()) => gpu_share::kubelet::dial(PathBuf::from(&info.endpoint))
@@ -252,10 +255,10 @@ async fn register(socket: &Path) -> Result<Registered, String> {
         plugin_registered: client.is_ok(),
         error: client.as_ref().err().cloned().unwrap_or_default(),
     };
-    registration
-        .notify_registration_status(status)
-        .await
-        .map_err(|e| format!("NotifyRegistrationStatus failed: {e}"))?;
+    let _: RegistrationStatusResponse =
+        crate::grpc_go::unary(socket, &authority, NOTIFY_REGISTRATION_STATUS, &status)
+            .await
+            .map_err(|e| format!("NotifyRegistrationStatus failed: {e}"))?;
     Ok(Registered {
         info,
         registration_socket: socket.to_path_buf(),

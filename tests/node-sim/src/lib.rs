@@ -28,6 +28,7 @@ mod agent;
 mod cli;
 mod device_plugins;
 mod dra_kubelet;
+pub mod grpc_go;
 mod nvidia_plugin;
 mod pod_resources;
 
