@@ -13,6 +13,11 @@
 # with the real kubelet: `success` once allocatable shows the plan. 3. A Deployment's pod holding
 # a whole GPU, relabel to time-slicing: the pod is drained first (Reallocating), its successor
 # runs on a replica. 4. A bare pod there: `blocked`, PodNotEvictable, nothing evicted.
+# 5. A critical XID raised in the fake NVML under `--plugin builtin`: the kubelet's allocatable
+# drops by the GPU's devices, Event DeviceUnhealthy. 6. `--plugin dra`: the kubelet's plugin
+# watcher registers the driver (grpc-go's :authority), slices published, a pod with a MIG claim
+# runs, the health stream is served (no "Unimplemented" in the kubelet log), and an XID on that
+# MIG device shows Unhealthy in the pod's allocatedResourcesStatus.
 # Results of the session that wrote it: its closing note (issues stops).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -33,6 +38,21 @@ state() { $K get node "$NODE" -o jsonpath='{.metadata.labels.gpu-share\.dev/prof
 reason() { $K get node "$NODE" -o jsonpath='{.metadata.annotations.gpu-share\.dev/profile\.reason}'; }
 wait_state() { for _ in $(seq 1 "$2"); do [ "$(state)" = "$1" ] && return 0; sleep 1; done; return 1; }
 gpus() { $K get node "$NODE" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}'; }
+# Raise XID $2 on GPU $1 of the fake NVML (optionally on MIG device GI $3 / CI $4).
+raise_xid() {
+  python3 - "$W/nvml.json" "$@" <<'PY'
+import json, os, sys
+path, gpu, xid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+s = json.load(open(path))
+g = s["gpus"][gpu]
+events = g.setdefault("events", [])
+e = {"seq": (events[-1]["seq"] if events else 0) + 1, "event_type": 8, "data": xid}
+if len(sys.argv) > 5:
+    e["gi_id"], e["ci_id"] = int(sys.argv[4]), int(sys.argv[5])
+events.append(e)
+json.dump(s, open(path + ".tmp", "w")); os.rename(path + ".tmp", path)
+PY
+}
 
 # Start the agent (fresh state and NVML each time) with extra flags; port $1.
 agent() {
@@ -115,4 +135,74 @@ gpu_workload bare pod
 $K label node "$NODE" gpu-share.dev/profile=ts-2 --overwrite >/dev/null
 wait_state blocked 30; echo "state $(state): $(reason)"; echo "nvidia.com/gpu $(gpus)"
 $K delete pod bare --wait=false >/dev/null
+stop_agent
+
+echo "== 5. a critical XID under --plugin builtin"
+builtin 19605
+$K label node "$NODE" gpu-share.dev/profile=ts-2 --overwrite >/dev/null
+for _ in $(seq 1 60); do [ "$(state)" = success ] && [ "$(gpus)" = 4 ] && break; sleep 1; done
+echo "state $(state); nvidia.com/gpu $(gpus)"
+t0=$(date +%s.%N)
+raise_xid 1 79
+for _ in $(seq 1 60); do [ "$(gpus)" = 2 ] && break; sleep 0.5; done
+echo "after XID 79 on GPU 1: nvidia.com/gpu $(gpus) ($(echo "$(date +%s.%N) - $t0" | bc) s)"
+$K get events.events.k8s.io -A --field-selector reason=DeviceUnhealthy -o jsonpath='{range .items[*]}{.type} {.reason}: {.note}{"\n"}{end}'
+curl -s "127.0.0.1:19605/metrics" | grep -E "^gpu_share_(unhealthy_devices|critical_xids_total)"
+stop_agent
+
+echo "== 6. --plugin dra with the real kubelet"
+$K apply -f "$ROOT/deploy/overlays/dra/device-classes.yaml" >/dev/null
+$K apply -n default -f "$ROOT/deploy/examples/dra/resource-claim-templates.yaml" >/dev/null
+$K -n gpu-share create configmap gpu-share-profiles \
+  --from-literal=whole="$(printf 'version: v1\nrules:\n- devices: all\n  exclusive: true\n')" \
+  --from-literal=ts-2="$(printf 'version: v1\nrules:\n- devices: all\n  timeSlicing: {replicas: 2}\n')" \
+  --from-literal=mig="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {1g.10gb: 7}\n- devices: [1]\n  exclusive: true\n')" \
+  --dry-run=client -o yaml | $K apply -f - >/dev/null
+unimplemented_before=$(grep -c "WatchResources.*Unimplemented" "$TESTBED_DIR/logs/kubelet.log")
+kubelet_lines=$(wc -l < "$TESTBED_DIR/logs/kubelet.log")
+agent 19606 --plugin dra --cdi-root "$W/cdi" \
+  --pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock
+$K label node "$NODE" gpu-share.dev/profile=mig --overwrite >/dev/null
+wait_state success 60; echo "state $(state): $(reason)"
+sleep 2
+echo "kubelet log since the agent started:"
+tail -n +"$kubelet_lines" "$TESTBED_DIR/logs/kubelet.log" | grep -iE "gpu.gpu-share.dev|RegisterPlugin|WatchResources" | cut -c1-260 | head -8
+echo "ResourceSlices:"; $K get resourceslices -o custom-columns=NAME:.metadata.name,DEVICES:.spec.devices[*].name --no-headers | cut -c1-200
+cat <<YAML | $K apply -f - >/dev/null
+apiVersion: v1
+kind: Pod
+metadata: {name: dra-mig, namespace: default}
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  resourceClaims: [{name: mig, resourceClaimTemplateName: mig-1g-10gb}]
+  containers:
+  - {name: c, image: k8s.local/busybox:1.35, imagePullPolicy: Never, command: [sleep, "3600"], resources: {claims: [{name: mig}]}}
+YAML
+$K wait --for=condition=Ready pod/dra-mig --timeout=60s >/dev/null && echo "pod dra-mig Ready"
+claim=$($K get pod dra-mig -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
+device=$($K get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')
+echo "claim $claim got $device"
+echo "allocatedResourcesStatus: $($K get pod dra-mig -o jsonpath='{.status.containerStatuses[0].allocatedResourcesStatus}')"
+# The allocated MIG device's GI/CI from the published attributes and NVML's state.
+read -r gi ci < <(python3 - "$W/nvml.json" "$device" "$($K get resourceslices -o json)" <<'PY'
+import json, sys
+state, device, slices = json.load(open(sys.argv[1])), sys.argv[2], json.loads(sys.argv[3])
+uuid = next(d["attributes"]["uuid"]["string"] for s in slices["items"] for d in s["spec"]["devices"] if d["name"] == device)
+for g in state["gpus"]:
+    for gi in g.get("gpu_instances", []):
+        for ci in gi.get("compute_instances", []):
+            if ci.get("uuid") == uuid:
+                print(gi["id"], ci["id"])
+PY
+)
+t0=$(date +%s.%N)
+raise_xid 0 48 "$gi" "$ci"
+for _ in $(seq 1 60); do
+  $K get pod dra-mig -o jsonpath='{.status.containerStatuses[0].allocatedResourcesStatus}' | grep -q Unhealthy && break; sleep 0.5
+done
+echo "after XID 48 on GI $gi CI $ci ($(echo "$(date +%s.%N) - $t0" | bc) s): $($K get pod dra-mig -o jsonpath='{.status.containerStatuses[0].allocatedResourcesStatus}')"
+echo "kubelet 'WatchResources … Unimplemented' lines: $unimplemented_before before, $(grep -c "WatchResources.*Unimplemented" "$TESTBED_DIR/logs/kubelet.log") now"
+$K delete pod dra-mig --wait=true --timeout=30s >/dev/null
+$K label node "$NODE" gpu-share.dev/profile- >/dev/null
 stop_agent
