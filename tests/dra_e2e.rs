@@ -130,7 +130,7 @@ impl DraNode {
     fn published(&self, name: &str) -> Option<Value> {
         self.slices()
             .iter()
-            .flat_map(|s| s["spec"]["devices"].as_array().unwrap().clone())
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
             .find(|d| d["name"] == name)
     }
 
@@ -253,7 +253,7 @@ fn as_strs(flags: &[String]) -> Vec<&str> {
 fn device_names(slices: &[Value]) -> BTreeSet<String> {
     slices
         .iter()
-        .flat_map(|s| s["spec"]["devices"].as_array().unwrap())
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
         .map(|d| d["name"].as_str().unwrap().to_string())
         .collect()
 }

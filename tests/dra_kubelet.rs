@@ -777,7 +777,10 @@ async fn registration_answers_grpc_gos_socket_path_authority_only_through_the_fr
     let router = |_| {
         tonic::transport::Server::builder().add_service(RegistrationServer::new(service.clone()))
     };
-    let (plain, fronted) = (dir.path().join("plain.sock"), dir.path().join("fronted.sock"));
+    let (plain, fronted) = (
+        dir.path().join("plain.sock"),
+        dir.path().join("fronted.sock"),
+    );
     let plain_server = Serving::start(&plain, "plain", router).unwrap();
     let fronted_server = Serving::start_for_plugin_watcher(&fronted, "fronted", router).unwrap();
     let get_info = "/pluginregistration.Registration/GetInfo";
@@ -788,7 +791,10 @@ async fn registration_answers_grpc_gos_socket_path_authority_only_through_the_fr
     let path = |p: &Path| p.display().to_string();
 
     let refused = call(plain.clone(), path(&plain)).await.unwrap_err();
-    assert!(refused.contains("RST_STREAM") && refused.contains("PROTOCOL_ERROR"), "{refused}");
+    assert!(
+        refused.contains("RST_STREAM") && refused.contains("PROTOCOL_ERROR"),
+        "{refused}"
+    );
     let info = call(plain.clone(), "localhost".into()).await.unwrap();
     assert_eq!(info.name, DRIVER, "a valid authority is served as it is");
     let info = call(fronted.clone(), path(&fronted)).await.unwrap();

@@ -171,7 +171,7 @@ fn published(profile: &str, gpus: &str) -> (Vec<Value>, Vec<Published>) {
     let mut devices = Vec::new();
     for s in &slices {
         let driver = s["spec"]["driver"].as_str().unwrap();
-        for d in s["spec"]["devices"].as_array().unwrap() {
+        for d in s["spec"]["devices"].as_array().into_iter().flatten() {
             let parent = d["attributes"]["parentIndex"]["int"].as_u64().unwrap();
             devices.push(Published {
                 name: d["name"].as_str().unwrap().to_string(),

@@ -6,7 +6,11 @@
 //! (`<Kind> "<name>" is invalid: <field>: <detail>`, k8s.io/apimachinery field.Error), and the
 //! one for a slice with both devices and counters is the one a real 1.36.2 API server returned.
 //!
-//! - `spec`: only one of `devices` and `sharedCounters` may be set;
+//! - `spec`: only one of `devices` and `sharedCounters` may be set, where set means present and
+//!   not null, even empty: the apiserver checks `spec.SharedCounters != nil && spec.Devices !=
+//!   nil` (pkg/apis/resource/validation/validation.go, `validateResourceSliceSpec`), and JSON
+//!   `[]` decodes to a non-nil slice. A real 1.36.2 server refused gpu-share's counter slices
+//!   that carried `devices: []` (issue 24, second run on the test bed);
 //! - `spec.devices`: at most 128 entries, 64 if any device consumes counters or has taints;
 //! - `spec.sharedCounters`: at most 8 counter sets; each at most 32 counters;
 //! - `spec.devices[i].consumesCounters`: at most 2 entries, one per counter set, each at most
@@ -51,7 +55,8 @@ pub(crate) fn resource_slice(kind: &KindInfo, name: &str, slice: &Value) -> Resu
         .cloned()
         .unwrap_or_default();
     let sets = len(spec.get("sharedCounters"));
-    if !devices.is_empty() && sets > 0 {
+    let set = |field: &str| spec.get(field).is_some_and(|v| !v.is_null());
+    if set("devices") && set("sharedCounters") {
         return Err(ApiError::invalid(
             kind,
             name,

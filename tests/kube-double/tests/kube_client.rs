@@ -1163,6 +1163,13 @@ async fn dra_resource_slices_the_apiserver_refuses_are_refused() {
              one of sharedCounters or devices is allowed",
         ),
         (
+            // Go's check is `!= nil`: an empty `devices: []` beside counters is refused too
+            // (a real 1.36.2 server refused gpu-share's counter slices for exactly this).
+            "empty-devices",
+            json!({"devices": [], "sharedCounters": [set("gpu-0", 2)]}),
+            "only one of sharedCounters or devices is allowed",
+        ),
+        (
             "too-many",
             json!({"devices": devices(129, false)}),
             "spec.devices: Too many: 129: must have at most 128 items",
