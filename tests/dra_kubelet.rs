@@ -9,6 +9,7 @@
 //! every GPU and MIG device, [`applied`]); what each device needs is the built-in plugin's
 //! `Inventory` of the same node, which the CDI specs are checked against.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -802,4 +803,99 @@ async fn registration_answers_grpc_gos_socket_path_authority_only_through_the_fr
     assert_eq!(info.endpoint, "/var/lib/kubelet/plugins/x/dra.sock");
     plain_server.stop().await;
     fronted_server.stop().await;
+}
+
+/// Issue 24: a claim with several devices gets edits a container can take together. Each
+/// device's CDI device used to set `NVIDIA_VISIBLE_DEVICES` to its own UUID, and the runtime
+/// keeps the last: the container saw one GPU. Now every device carries the whole list (and MPS
+/// shares of one daemon its one pipe, their pinned-memory limits re-indexed); MPS beside a
+/// device without it fails the claim, naming both, as the built-in plugin refuses such a
+/// request.
+#[tokio::test]
+async fn a_claims_devices_are_all_visible_to_its_container() {
+    let node = Node::new();
+    let plugin = node.start().await;
+    let visible = |spec: &Spec| -> Vec<String> {
+        let lists: BTreeSet<String> = spec
+            .devices
+            .iter()
+            .map(|d| {
+                let env = &d.container_edits.env;
+                let v = env
+                    .iter()
+                    .find_map(|e| e.strip_prefix("NVIDIA_VISIBLE_DEVICES="));
+                v.expect("NVIDIA_VISIBLE_DEVICES").to_string()
+            })
+            .collect();
+        assert_eq!(
+            lists.len(),
+            1,
+            "every device carries the same list: {lists:?}"
+        );
+        lists
+            .into_iter()
+            .next()
+            .unwrap()
+            .split(',')
+            .map(String::from)
+            .collect()
+    };
+
+    let (mig, sliced) = (node.device("mig", 0), node.device("timeSlicing", 0));
+    let uid = node
+        .allocated_claim("two", &[("a", &mig.name), ("b", &sliced.name)])
+        .await;
+    let answer = node.prepare("two", &uid).await;
+    assert_eq!(answer.error, "");
+    assert_eq!(answer.devices.len(), 2);
+    let spec = node.spec(&uid);
+    assert_eq!(
+        visible(&spec),
+        [text(&mig, "uuid"), text(&sliced, "parentUUID")],
+        "the MIG device and the time-sliced GPU"
+    );
+
+    let shares: Vec<Device> = node
+        .published_devices()
+        .into_iter()
+        .filter(|d| d.attributes["sharing"].string.as_deref() == Some("mps"))
+        .filter(|d| int(d, "shareIndex") == 0)
+        .collect();
+    assert_eq!(shares.len(), 2, "share 0 of each MPS GPU");
+    let uid = node
+        .allocated_claim("mps-two", &[("a", &shares[0].name), ("b", &shares[1].name)])
+        .await;
+    assert_eq!(node.prepare("mps-two", &uid).await.error, "");
+    let spec = node.spec(&uid);
+    let gpus: Vec<&str> = shares.iter().map(|d| text(d, "parentUUID")).collect();
+    assert_eq!(visible(&spec), gpus);
+    let env = &spec.devices[1].container_edits.env;
+    let pinned = env
+        .iter()
+        .find_map(|e| e.strip_prefix("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="))
+        .expect("the pinned-memory limits");
+    assert!(
+        pinned.starts_with("0=") && pinned.contains(",1="),
+        "{pinned}"
+    );
+    assert_eq!(
+        env.iter()
+            .filter(|e| e.starts_with("CUDA_MPS_PIPE_DIRECTORY="))
+            .count(),
+        1
+    );
+
+    let uid = node
+        .allocated_claim("mixed", &[("a", &shares[0].name), ("b", &mig.name)])
+        .await;
+    let refused = node.prepare("mixed", &uid).await.error;
+    assert!(
+        refused.contains(&shares[0].name) && refused.contains(&mig.name),
+        "{refused}"
+    );
+    assert!(
+        !node.spec_path(&uid).exists(),
+        "nothing written for a refused claim"
+    );
+    plugin.shutdown().await;
 }

@@ -110,6 +110,100 @@ pub fn edits(allocation: &ContainerAllocateResponse) -> ContainerEdits {
     ContainerEdits { env, mounts }
 }
 
+const VISIBLE: &str = "NVIDIA_VISIBLE_DEVICES";
+const PIPE: &str = "CUDA_MPS_PIPE_DIRECTORY";
+const PINNED: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
+
+/// One claim's device edits made into edits a container can take together. The runtime merges
+/// the edits of every CDI device a container gets, and for an env var the last one wins: with
+/// one `NVIDIA_VISIBLE_DEVICES` per device, a container with several devices saw one (issue 24,
+/// read from the specs on the test bed). So every device of the claim carries the same edits:
+/// one `NVIDIA_VISIBLE_DEVICES` list of all of them, the mounts of all, and for MPS the one
+/// daemon they share (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` re-indexed to the list). Refused, as
+/// the built-in plugin refuses such a request: MPS shares beside devices that are not, or
+/// shares of different daemons (a CUDA process reaches only the daemon of its
+/// `CUDA_MPS_PIPE_DIRECTORY`). Containers combining several claims are not merged here (each
+/// claim is prepared alone): give such a container one claim, or use `--device-list-strategy
+/// cdi-cri`, whose NVIDIA CDI devices add up.
+pub fn merge_claim_edits(
+    devices: Vec<(String, ContainerEdits)>,
+) -> Result<Vec<(String, ContainerEdits)>, String> {
+    if devices.len() < 2 {
+        return Ok(devices);
+    }
+    let var = |e: &ContainerEdits, key: &str| -> Option<String> {
+        let prefix = format!("{key}=");
+        e.env
+            .iter()
+            .find_map(|v| v.strip_prefix(&prefix).map(str::to_string))
+    };
+    let mut visible: Vec<String> = Vec::new();
+    for (_, e) in &devices {
+        for uuid in var(e, VISIBLE).iter().flat_map(|v| v.split(',')) {
+            if !visible.iter().any(|u| u == uuid) {
+                visible.push(uuid.to_string());
+            }
+        }
+    }
+    let pipes: Vec<(&str, Option<String>)> = devices
+        .iter()
+        .map(|(d, e)| (d.as_str(), var(e, PIPE)))
+        .collect();
+    if let Some((with, Some(pipe))) = pipes.iter().find(|(_, p)| p.is_some()) {
+        if let Some((other, other_pipe)) = pipes.iter().find(|(_, p)| p.as_ref() != Some(pipe)) {
+            return Err(match other_pipe {
+                None => format!(
+                    "devices {with} (shared through MPS) and {other} (not) cannot serve one \
+                     container: claim them separately"
+                ),
+                Some(p) => format!(
+                    "devices {with} and {other} are shared through different MPS daemons \
+                     ({pipe}, {p}), and a container reaches only one: claim them separately"
+                ),
+            });
+        }
+    }
+    let mut env: Vec<String> = Vec::new();
+    let mut mounts: Vec<Mount> = Vec::new();
+    let mut pinned: Vec<String> = Vec::new();
+    for (_, e) in &devices {
+        for v in &e.env {
+            let key = v.split('=').next().unwrap_or_default();
+            if key != VISIBLE
+                && key != PINNED
+                && !env.iter().any(|x| x.starts_with(&format!("{key}=")))
+            {
+                env.push(v.clone());
+            }
+        }
+        for m in &e.mounts {
+            if !mounts.contains(m) {
+                mounts.push(m.clone());
+            }
+        }
+        // `0=10240M` names the device's own position; in the merged list it is its UUID's.
+        let own = var(e, VISIBLE);
+        let limit = var(e, PINNED).and_then(|l| l.split_once('=').map(|(_, v)| v.to_string()));
+        if let (Some(uuid), Some(limit)) = (own, limit) {
+            if let Some(i) = visible.iter().position(|u| *u == uuid) {
+                pinned.push(format!("{i}={limit}"));
+            }
+        }
+    }
+    if !visible.is_empty() {
+        env.push(format!("{VISIBLE}={}", visible.join(",")));
+    }
+    if !pinned.is_empty() {
+        env.push(format!("{PINNED}={}", pinned.join(",")));
+    }
+    env.sort();
+    let merged = ContainerEdits { env, mounts };
+    Ok(devices
+        .into_iter()
+        .map(|(d, _)| (d, merged.clone()))
+        .collect())
+}
+
 /// The spec for a claim's devices, `(device name, edits)`.
 pub fn spec(claim_uid: &str, devices: Vec<(String, ContainerEdits)>) -> Spec {
     Spec {
@@ -130,6 +224,56 @@ mod tests {
     use super::*;
     use crate::builtin_plugin::api;
     use crate::dra::DRIVER;
+
+    fn env(vars: &[&str]) -> ContainerEdits {
+        ContainerEdits {
+            env: vars.iter().map(|v| v.to_string()).collect(),
+            mounts: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_claims_devices_share_one_visible_list_and_mps_daemon() {
+        let merged = merge_claim_edits(vec![
+            ("gpu-0".into(), env(&["NVIDIA_VISIBLE_DEVICES=GPU-a"])),
+            ("gpu-1-mig-0".into(), env(&["NVIDIA_VISIBLE_DEVICES=MIG-b"])),
+        ])
+        .unwrap();
+        assert!(merged
+            .iter()
+            .all(|(_, e)| e.env == ["NVIDIA_VISIBLE_DEVICES=GPU-a,MIG-b"]));
+
+        let share = |uuid: &str, pipe: &str| {
+            env(&[
+                &format!("CUDA_MPS_PIPE_DIRECTORY={pipe}"),
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M",
+                &format!("NVIDIA_VISIBLE_DEVICES={uuid}"),
+            ])
+        };
+        let merged = merge_claim_edits(vec![
+            ("a".into(), share("GPU-a", "/mps/a")),
+            ("b".into(), share("GPU-b", "/mps/a")),
+        ])
+        .unwrap();
+        assert_eq!(
+            merged[1].1.env,
+            [
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M,1=4096M",
+                "CUDA_MPS_PIPE_DIRECTORY=/mps/a",
+                "NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b"
+            ]
+        );
+        let two_daemons = merge_claim_edits(vec![
+            ("a".into(), share("GPU-a", "/mps/a")),
+            ("b".into(), share("GPU-b", "/mps/b")),
+        ]);
+        assert!(two_daemons.unwrap_err().contains("different MPS daemons"));
+        let mixed = merge_claim_edits(vec![
+            ("a".into(), share("GPU-a", "/mps/a")),
+            ("b".into(), env(&["NVIDIA_VISIBLE_DEVICES=GPU-b"])),
+        ]);
+        assert!(mixed.unwrap_err().contains("(not)"));
+    }
 
     #[test]
     fn the_kind_is_a_valid_cdi_kind_under_the_driver_name() {

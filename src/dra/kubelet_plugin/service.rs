@@ -197,6 +197,8 @@ impl Preparer {
                 problems.join("; ")
             ));
         }
+        let edits = cdi::merge_claim_edits(edits)
+            .map_err(|e| format!("ResourceClaim {}/{}: {e}", claim.namespace, claim.name))?;
         let spec = (!edits.is_empty()).then(|| cdi::spec(&claim.uid, edits));
         Ok((answer, spec))
     }
