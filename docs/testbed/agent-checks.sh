@@ -34,6 +34,8 @@ echo "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 06:5
   > "$W/host/proc/driver/nvidia/version"
 for d in nvidiactl nvidia0 nvidia-uvm; do : > "$W/host/dev/$d"; done
 
+# ONLY="5 6" runs those checks alone (all by default).
+want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 state() { $K get node "$NODE" -o jsonpath='{.metadata.labels.gpu-share\.dev/profile\.state}'; }
 reason() { $K get node "$NODE" -o jsonpath='{.metadata.annotations.gpu-share\.dev/profile\.reason}'; }
 wait_state() { for _ in $(seq 1 "$2"); do [ "$(state)" = "$1" ] && return 0; sleep 1; done; return 1; }
@@ -103,6 +105,7 @@ $K -n gpu-share create configmap gpu-share-profiles \
   --from-literal=ts-2="$(printf 'version: v1\nrules:\n- devices: all\n  timeSlicing: {replicas: 2}\n')" \
   --dry-run=client -o yaml | $K apply -f - >/dev/null
 
+if want 1; then
 echo "== 1. --plugin nvidia, no NVIDIA plugin on the node"
 agent 19601 --allocatable-timeout 8s
 $K label node "$NODE" gpu-share.dev/profile=whole --overwrite >/dev/null
@@ -110,13 +113,17 @@ wait_state failed 30; echo "state $(state): $(reason)"
 echo "field managers on the Node:"; $K get node "$NODE" -o yaml --show-managed-fields | grep "manager:" | sort | uniq -c
 echo "field managers of Events:"; $K get events.events.k8s.io -A -o yaml --show-managed-fields | grep "manager:" | sort | uniq -c
 stop_agent
+fi
 
+if want 2; then
 echo "== 2. --plugin builtin with the real kubelet"
 builtin 19602
 t0=$(date +%s)
 $K label node "$NODE" gpu-share.dev/profile=whole --overwrite >/dev/null
 wait_state success 60; echo "state $(state) after $(( $(date +%s) - t0 )) s; nvidia.com/gpu $(gpus)"
+fi
 
+if want 3; then
 echo "== 3. a Deployment's pod on a whole GPU, relabel to ts-2"
 gpu_workload holder deployment
 before=$($K get pod -l app=holder -o jsonpath='{.items[0].metadata.name}')
@@ -126,7 +133,9 @@ echo "state $(state); nvidia.com/gpu $(gpus); pod before: $before; now:"
 $K get pods -l app=holder --no-headers
 grep -E "re-allocated|evicted" "$W/agent-19602.log" | cut -c1-300
 $K delete deploy holder --wait=false >/dev/null
+fi
 
+if want 4; then
 echo "== 4. a bare pod on a whole GPU, relabel to ts-2"
 stop_agent; builtin 19603
 $K label node "$NODE" gpu-share.dev/profile=whole --overwrite >/dev/null
@@ -136,7 +145,9 @@ $K label node "$NODE" gpu-share.dev/profile=ts-2 --overwrite >/dev/null
 wait_state blocked 30; echo "state $(state): $(reason)"; echo "nvidia.com/gpu $(gpus)"
 $K delete pod bare --wait=false >/dev/null
 stop_agent
+fi
 
+if want 5; then
 echo "== 5. a critical XID under --plugin builtin"
 builtin 19605
 $K label node "$NODE" gpu-share.dev/profile=ts-2 --overwrite >/dev/null
@@ -149,7 +160,9 @@ echo "after XID 79 on GPU 1: nvidia.com/gpu $(gpus) ($(echo "$(date +%s.%N) - $t
 $K get events.events.k8s.io -A --field-selector reason=DeviceUnhealthy -o jsonpath='{range .items[*]}{.type} {.reason}: {.note}{"\n"}{end}'
 curl -s "127.0.0.1:19605/metrics" | grep -E "^gpu_share_(unhealthy_devices|critical_xids_total)"
 stop_agent
+fi
 
+if want 6; then
 echo "== 6. --plugin dra with the real kubelet"
 $K apply -f "$ROOT/deploy/overlays/dra/device-classes.yaml" >/dev/null
 $K apply -n default -f "$ROOT/deploy/examples/dra/resource-claim-templates.yaml" >/dev/null
@@ -206,3 +219,4 @@ echo "kubelet 'WatchResources … Unimplemented' lines: $unimplemented_before be
 $K delete pod dra-mig --wait=true --timeout=30s >/dev/null
 $K label node "$NODE" gpu-share.dev/profile- >/dev/null
 stop_agent
+fi
