@@ -21,6 +21,7 @@ pub mod dra;
 pub mod field_manager;
 pub mod gpu;
 pub mod kubelet;
+pub mod lease;
 pub mod mig;
 pub mod mps;
 pub mod plan;

@@ -31,6 +31,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use tracing::{debug, error, info, warn};
 
+use crate::lease::{holder, holder_of, Holder};
+
 /// Slot Leases are named `gpu-share-drain-<i>`.
 pub const SLOT_PREFIX: &str = "gpu-share-drain-";
 
@@ -157,48 +159,11 @@ fn duration_secs(d: Duration) -> i32 {
     secs.clamp(1, i32::MAX as u64) as i32
 }
 
-/// The holder of a Lease, if it names one.
-fn holder_of(lease: &Lease) -> Option<&str> {
-    lease
-        .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.as_deref())
-        .filter(|h| !h.is_empty())
-}
-
-/// Whether a held Lease has lapsed at `now`: its holder did not renew it within its own
-/// `leaseDurationSeconds` (ours when it states none). A holder that wrote no time at all is
-/// treated as lapsed.
-fn is_expired(lease: &Lease, now: Timestamp, default_secs: i32) -> bool {
-    let Some(spec) = lease.spec.as_ref() else {
-        return true;
-    };
-    let Some(last) = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) else {
-        return true;
-    };
-    let secs = spec
-        .lease_duration_seconds
-        .filter(|s| *s > 0)
-        .unwrap_or(default_secs);
-    last.0.as_millisecond() + i64::from(secs) * 1000 < now.as_millisecond()
-}
-
-/// What a Lease means for us.
-#[derive(Debug, PartialEq, Eq)]
-enum SlotState {
-    Ours,
-    Free,
-    Lapsed(String),
-    Held(String),
-}
-
-fn slot_state(lease: &Lease, us: &str, now: Timestamp, default_secs: i32) -> SlotState {
-    match holder_of(lease) {
-        None => SlotState::Free,
-        Some(h) if h == us => SlotState::Ours,
-        Some(h) if is_expired(lease, now, default_secs) => SlotState::Lapsed(h.to_string()),
-        Some(h) => SlotState::Held(h.to_string()),
-    }
+/// What a slot's Lease means for us: [`crate::lease`]'s rule, with the reader's default
+/// duration rounded up as the slots write it.
+fn slot_state(lease: &Lease, us: &str, now: Timestamp, default_secs: i32) -> Holder {
+    let default = Duration::from_secs(default_secs.max(0) as u64);
+    holder(lease, us, now, default)
 }
 
 /// Shared by a [`DrainSlots`] and the slots it hands out.
@@ -504,9 +469,9 @@ impl DrainSlots {
             let name = slot_name(i);
             match self.ctx.call(self.ctx.api.get_opt(&name)).await {
                 Ok(Some(lease)) => match slot_state(&lease, &self.ctx.holder, now, default_secs) {
-                    SlotState::Ours => out.push((name, self.ctx.holder.clone())),
-                    SlotState::Held(h) => out.push((name, h)),
-                    SlotState::Free | SlotState::Lapsed(_) => {}
+                    Holder::Us => out.push((name, self.ctx.holder.clone())),
+                    Holder::Other(h) => out.push((name, h)),
+                    Holder::Free | Holder::Lapsed(_) => {}
                 },
                 Ok(None) => {}
                 Err(e) => {
@@ -607,12 +572,12 @@ impl DrainSlots {
                     Err(e) => Err((e, "create")),
                 },
                 Some(lease) => match slot_state(&lease, &ctx.holder, now, default_secs) {
-                    SlotState::Held(h) => {
+                    Holder::Other(h) => {
                         holders.push((name, h));
                         continue;
                     }
                     state => {
-                        if let SlotState::Lapsed(h) = &state {
+                        if let Holder::Lapsed(h) = &state {
                             info!(lease = %name, previous = %h, "taking over a drain slot whose holder let it lapse");
                         }
                         match ctx.take(&name, lease).await {
@@ -790,29 +755,26 @@ mod tests {
     fn slot_states() {
         let now = Timestamp::now();
         let st = |l: &Lease| slot_state(l, "me", now, 15);
-        assert_eq!(st(&lease(None, None, None)), SlotState::Free);
-        assert_eq!(st(&lease(Some(""), Some(0), Some(15))), SlotState::Free);
-        assert_eq!(
-            st(&lease(Some("me"), Some(99_000), Some(1))),
-            SlotState::Ours
-        );
+        assert_eq!(st(&lease(None, None, None)), Holder::Free);
+        assert_eq!(st(&lease(Some(""), Some(0), Some(15))), Holder::Free);
+        assert_eq!(st(&lease(Some("me"), Some(99_000), Some(1))), Holder::Us);
         assert_eq!(
             st(&lease(Some("a"), Some(500), Some(1))),
-            SlotState::Held("a".into())
+            Holder::Other("a".into())
         );
         assert_eq!(
             st(&lease(Some("a"), Some(2_000), Some(1))),
-            SlotState::Lapsed("a".into())
+            Holder::Lapsed("a".into())
         );
         // No duration on the Lease: ours (15 s) applies.
         assert_eq!(
             st(&lease(Some("a"), Some(10_000), None)),
-            SlotState::Held("a".into())
+            Holder::Other("a".into())
         );
         // A holder that never wrote a time cannot be renewing.
         assert_eq!(
             st(&lease(Some("a"), None, Some(30))),
-            SlotState::Lapsed("a".into())
+            Holder::Lapsed("a".into())
         );
         assert_eq!(
             slot_state(
@@ -824,7 +786,7 @@ mod tests {
                 now,
                 15
             ),
-            SlotState::Free
+            Holder::Free
         );
     }
 

@@ -1,5 +1,6 @@
 //! One active autopilot replica: leader election over a coordination.k8s.io/v1 Lease, as
-//! client-go's leaderelection does it (holderIdentity, renewTime + leaseDurationSeconds, the
+//! client-go's leaderelection does it (who holds it: [`crate::lease`], shared with the drain
+//! slots; holderIdentity, renewTime + leaseDurationSeconds, the
 //! apiserver's optimistic concurrency deciding races: a stale resourceVersion gets 409 Conflict,
 //! a second create 409 AlreadyExists).
 //!
@@ -13,48 +14,12 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-/// Who holds a Lease, as one replica sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Holder {
-    /// No holder: free to take.
-    Free,
-    /// This replica.
-    Us,
-    /// Another replica that let it lapse (renewTime + duration in the past): free to take.
-    Lapsed(String),
-    /// Another replica, still renewing.
-    Other(String),
-}
-
-/// Who holds `lease` at `now`, for replica `us`. A Lease without a duration lapses after
-/// `default_duration`; one without renewTime (or acquireTime) has lapsed.
-pub fn holder(lease: &Lease, us: &str, now: Timestamp, default_duration: Duration) -> Holder {
-    let spec = lease.spec.as_ref();
-    let Some(h) = spec
-        .and_then(|s| s.holder_identity.as_deref())
-        .filter(|h| !h.is_empty())
-    else {
-        return Holder::Free;
-    };
-    if h == us {
-        return Holder::Us;
-    }
-    let secs = spec
-        .and_then(|s| s.lease_duration_seconds)
-        .map_or(default_duration.as_secs() as i64, i64::from);
-    let renewed = spec.and_then(|s| s.renew_time.as_ref().or(s.acquire_time.as_ref()));
-    match renewed {
-        Some(MicroTime(t)) if *t + SignedDuration::from_secs(secs) > now => {
-            Holder::Other(h.to_string())
-        }
-        _ => Holder::Lapsed(h.to_string()),
-    }
-}
+pub use crate::lease::{holder, Holder};
 
 /// The autopilot's Lease, taken as one identity.
 #[derive(Clone)]
@@ -294,6 +259,7 @@ fn is_code(e: &kube::Error, code: u16) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::jiff::SignedDuration;
 
     fn lease(holder: Option<&str>, renewed_secs_ago: Option<i64>, duration: Option<i32>) -> Lease {
         let now = Timestamp::now();
