@@ -18,8 +18,9 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use gpu_share::advise::{advise, Demand, Phase, PodDemand, Supply, SupplyNode};
 use gpu_share::plan::{plan, ObservedNode};
-use gpu_share::profile::{parse_profile, validate, MAX_RULES};
+use gpu_share::profile::{parse_profile, MAX_RULES};
 use gpu_share::sharing::PluginKind;
+use gpu_share::validate::validate;
 
 const CASES: &[(&str, &str, &str)] = &[
     (

@@ -3,7 +3,7 @@
 //! A node label names a sharing profile; gpu-share turns the profile into a plan for the node's
 //! GPUs (MIG geometry, MPS, time-slicing replicas) and applies it. Data flows one way:
 //!
-//! node label → [`profile::Profile`] → [`plan::NodePlan`] (pure) → steps applied → published state.
+//! node label → [`profile::Profile`] ([`validate`]d) → [`plan::NodePlan`] (pure) → steps applied → published state.
 //!
 //! Planning is pure and testable: it takes an observed node and a profile and returns what to
 //! change. Only executors touch hardware or the Kubernetes API.
@@ -28,3 +28,4 @@ pub mod plan;
 pub mod profile;
 pub mod sharing;
 pub mod timeslice;
+pub mod validate;

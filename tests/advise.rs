@@ -8,8 +8,9 @@ use std::process::{Command, Output};
 
 use gpu_share::advise::{Demand, Phase, Supply};
 use gpu_share::plan::plan_for;
-use gpu_share::profile::{read_profiles, validate_for, Profile};
+use gpu_share::profile::{read_profiles, Profile};
 use gpu_share::sharing::PluginKind;
+use gpu_share::validate::validate_for;
 
 const DEMAND: &str = "tests/data/advise/demand.yaml";
 const SUPPLY: &str = "tests/data/advise/supply.yaml";

@@ -13,8 +13,9 @@ use std::path::Path;
 
 use gpu_share::advise::{advise, Demand, Phase, PodDemand, Supply, SupplyNode};
 use gpu_share::plan::{plan_for, NodePlan, ObservedNode};
-use gpu_share::profile::{parse_profile, validate_for, Profile};
+use gpu_share::profile::{parse_profile, Profile};
 use gpu_share::sharing::{PlannedMode, PluginKind};
+use gpu_share::validate::validate_for;
 
 /// The GPUs an example profile is written for.
 fn gpus_for(name: &str) -> &'static str {

@@ -4,7 +4,8 @@
 //! (shared/reference/nvidia-stack.md §1.2, §1.4).
 
 use gpu_share::plan::{plan, ObservedNode};
-use gpu_share::profile::{read_profiles, validate, Problem, Severity};
+use gpu_share::profile::{read_profiles, Problem, Severity};
+use gpu_share::validate::validate;
 
 /// The problems `gpu-share validate` reports for one profile file's text.
 fn problems(text: &str) -> Vec<Problem> {

@@ -1,22 +1,20 @@
-//! The layering of `src/` (issue 17): imports between modules go one way, and no source file is
-//! too long to read at once.
+//! The layering of `src/`: imports between modules go one way, so do imports between the files
+//! of one module, and no source file is too long to read at once.
 //!
-//! The graph is built from the text of `src/**/*.rs`, std only: every `crate::` path outside
-//! comments and outside `#[cfg(test)] mod … { … }` blocks (a test may build its fixtures with
-//! an upper layer) is an edge from the room of the file to the room the path names. A room is
-//! a top-level module (`src/plan/**` is `plan`), except the sub-rooms in [`SUB_ROOMS`]: a path
-//! `crate::profile::validate_for` goes to `profile::validate` when `validate_for` is defined
-//! in `src/profile/validate.rs`. Paths inside a top-level module (`super::`, `self::`, child
-//! modules) are not `crate::` paths and stay inside its rooms.
+//! The module graph is built from the text of `src/**/*.rs`, std only: every `crate::` path
+//! outside comments and outside `#[cfg(test)] mod … { … }` blocks (a test may build its
+//! fixtures with an upper layer) is an edge from the room of the file to the room the path
+//! names. A room is a top-level module (`src/plan/**` is `plan`).
+//!
+//! Inside a module, the files beside each other (`src/doctor/dra.rs`, `src/doctor/plugin.rs`)
+//! are rooms too: a `super::x` or `crate::doctor::x` path from one names its sibling `x`, or the
+//! sibling whose item the module file (`mod.rs`) imports or re-exports as `x`. The module file
+//! itself declares and composes its children, and they share its types, so edges to and from it
+//! are not counted; a circle among siblings is.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
-
-/// Files that are a room of their own inside their top-level module, with why.
-/// `profile::validate` composes every sharing mode's validation (and each plugin's), so it sits
-/// above the modes, while the profile's format, which the modes read, sits below them.
-const SUB_ROOMS: &[(&str, &str)] = &[("profile/validate.rs", "profile::validate")];
 
 /// A file over this many lines needs a reason in its `//!` module doc.
 const MAX_LINES: usize = 800;
@@ -47,9 +45,6 @@ fn relative(path: &Path) -> String {
 /// The room a file belongs to; none for the crate root (`lib.rs`, `main.rs`), which only
 /// declares the modules.
 fn room_of_file(rel: &str) -> Option<String> {
-    if let Some((_, room)) = SUB_ROOMS.iter().find(|(file, _)| *file == rel) {
-        return Some(room.to_string());
-    }
     let top = rel.split('/').next()?.trim_end_matches(".rs");
     (top != "lib" && top != "main").then(|| top.to_string())
 }
@@ -142,30 +137,64 @@ fn without_test_modules(code: &str) -> String {
     out
 }
 
-/// The first segment of each path a `crate::` reference names: `crate::plan::GpuPlan` gives
-/// `["plan", "GpuPlan"]`, `crate::{mps, timeslice}` gives `["mps"]` and `["timeslice"]`.
+/// The first segments of each path a `crate::` reference names: `crate::plan::GpuPlan` gives
+/// `["plan", "GpuPlan"]`, `crate::{mps, timeslice::X}` gives `["mps"]` and `["timeslice", "X"]`.
 fn crate_paths(code: &str) -> Vec<(usize, Vec<String>)> {
+    paths_after(code, "crate::")
+}
+
+/// The paths after each `prefix` (`crate::` or `super::`) in `code`, with their line: a group
+/// `prefix{a, b::{c, d}}` gives one path per top-level item (`a`, `b`).
+fn paths_after(code: &str, prefix: &str) -> Vec<(usize, Vec<String>)> {
     let mut paths = Vec::new();
-    for (start, _) in code.match_indices("crate::") {
+    for (start, _) in code.match_indices(prefix) {
         let before = code[..start].chars().next_back();
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-            continue; // e.g. `$crate::` or `my_crate::`
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            continue; // e.g. `$crate::`, `my_crate::` or `super::super::`
         }
         let line = code[..start].matches('\n').count() + 1;
-        let rest = &code[start + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let inner = &group[..group.find('}').unwrap_or(group.len())];
-            for item in inner.split(',') {
-                let segments = segments_of(item.trim());
+        let rest = &code[start + prefix.len()..];
+        match rest.strip_prefix('{') {
+            Some(group) => {
+                for item in top_level_items(group) {
+                    let segments = segments_of(item.trim());
+                    if !segments.is_empty() {
+                        paths.push((line, segments));
+                    }
+                }
+            }
+            None => {
+                let segments = segments_of(rest);
                 if !segments.is_empty() {
                     paths.push((line, segments));
                 }
             }
-        } else {
-            paths.push((line, segments_of(rest)));
         }
     }
     paths
+}
+
+/// The comma-separated items of a `{…}` group up to its closing brace, nested groups whole.
+fn top_level_items(group: &str) -> Vec<&str> {
+    let mut items = Vec::new();
+    let (mut depth, mut from) = (0usize, 0usize);
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                items.push(&group[from..i]);
+                return items;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&group[from..i]);
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&group[from..]);
+    items
 }
 
 /// The leading `a::b::c` of `text`, as segments (at most two are needed).
@@ -186,25 +215,6 @@ fn segments_of(text: &str) -> Vec<String> {
         }
     }
     segments
-}
-
-/// Names a file defines at any level (`fn`, `struct`, `enum`, `const`, `static`, `type`,
-/// `trait`, `mod`), for resolving paths into sub-rooms.
-fn defined_names(code: &str) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
-    let words: Vec<&str> = code
-        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-        .filter(|w| !w.is_empty())
-        .collect();
-    for pair in words.windows(2) {
-        if matches!(
-            pair[0],
-            "fn" | "struct" | "enum" | "const" | "static" | "type" | "trait" | "mod"
-        ) {
-            names.insert(pair[1].to_string());
-        }
-    }
-    names
 }
 
 struct Source {
@@ -235,17 +245,6 @@ fn sources() -> Vec<Source> {
 type Graph = BTreeMap<String, BTreeMap<String, Vec<String>>>;
 
 fn graph(sources: &[Source]) -> Graph {
-    let sub_room_names: Vec<(&str, &str, BTreeSet<String>)> = SUB_ROOMS
-        .iter()
-        .map(|(file, room)| {
-            let source = sources
-                .iter()
-                .find(|s| s.rel == *file)
-                .unwrap_or_else(|| panic!("sub-room file src/{file} is gone: update SUB_ROOMS"));
-            let top = file.split('/').next().unwrap();
-            (top, *room, defined_names(&source.code))
-        })
-        .collect();
     let mut graph = Graph::new();
     for source in sources {
         let Some(from) = room_of_file(&source.rel) else {
@@ -253,17 +252,8 @@ fn graph(sources: &[Source]) -> Graph {
         };
         graph.entry(from.clone()).or_default();
         for (line, segments) in crate_paths(&source.code) {
-            let top = segments[0].as_str();
-            if top == "self" || top == "super" {
-                continue;
-            }
-            let second = segments.get(1).map(String::as_str);
-            let to = sub_room_names
-                .iter()
-                .find(|(t, _, names)| *t == top && second.is_some_and(|n| names.contains(n)))
-                .map(|(_, room, _)| room.to_string())
-                .unwrap_or_else(|| top.to_string());
-            if to != from {
+            let to = segments[0].clone();
+            if to != from && to != "self" && to != "super" {
                 graph
                     .entry(from.clone())
                     .or_default()
@@ -274,6 +264,119 @@ fn graph(sources: &[Source]) -> Graph {
         }
     }
     graph
+}
+
+/// The module a file is a child of, as a `src/`-relative directory (`doctor` for
+/// `doctor/dra.rs` and for `doctor/x/mod.rs`), and its name there; none for module files
+/// (`mod.rs`), the crate root and top-level files.
+fn sibling_of(rel: &str) -> Option<(String, String)> {
+    let path = Path::new(rel);
+    let stem = path.file_stem()?.to_str()?;
+    let parent = path.parent()?.to_str()?;
+    if stem == "mod" {
+        let module = Path::new(parent);
+        let grand = module.parent()?.to_str()?;
+        let name = module.file_name()?.to_str()?;
+        return (!grand.is_empty()).then(|| (grand.to_string(), name.to_string()));
+    }
+    (!parent.is_empty()).then(|| (parent.to_string(), stem.to_string()))
+}
+
+/// The module file of a `src/`-relative directory: `doctor/mod.rs`, else `doctor.rs`.
+fn module_file<'a>(sources: &'a [Source], dir: &str) -> Option<&'a Source> {
+    let with_mod = format!("{dir}/mod.rs");
+    let beside = format!("{dir}.rs");
+    sources
+        .iter()
+        .find(|s| s.rel == with_mod)
+        .or_else(|| sources.iter().find(|s| s.rel == beside))
+}
+
+/// Names the module file brings in from a child, `use child::{A, B}` or `pub use child::A`:
+/// a sibling's `super::A` then names that child.
+fn imported_from_children(module: &str, children: &BTreeSet<String>) -> BTreeMap<String, String> {
+    let mut names = BTreeMap::new();
+    for (start, _) in module.match_indices("use ") {
+        let before = module[..start].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = module[start + 4..].trim_start();
+        let rest = rest.strip_prefix("self::").unwrap_or(rest);
+        let end = rest
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(0);
+        let child = &rest[..end];
+        if !children.contains(child) {
+            continue;
+        }
+        let Some(after) = rest[end..].strip_prefix("::") else {
+            continue;
+        };
+        let items = match after.strip_prefix('{') {
+            Some(group) => top_level_items(group),
+            None => vec![&after[..after.find(';').unwrap_or(after.len())]],
+        };
+        for item in items {
+            let item = item.trim();
+            let name = item.rsplit(" as ").next().unwrap_or(item);
+            let name = name.rsplit("::").next().unwrap_or(name).trim();
+            if !name.is_empty() && name != "*" {
+                names.insert(name.to_string(), child.to_string());
+            }
+        }
+    }
+    names
+}
+
+/// For every module, its children's imports of each other (`file:line` per edge), keyed by
+/// the module's directory.
+fn sibling_graphs(sources: &[Source]) -> BTreeMap<String, Graph> {
+    let mut children: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for source in sources {
+        if let Some((dir, name)) = sibling_of(&source.rel) {
+            children.entry(dir).or_default().insert(name);
+        }
+    }
+    let mut graphs = BTreeMap::new();
+    for (dir, names) in &children {
+        let via_module = module_file(sources, dir)
+            .map(|m| imported_from_children(&m.code, names))
+            .unwrap_or_default();
+        let crate_prefix = format!("crate::{}::", dir.replace('/', "::"));
+        let mut graph = Graph::new();
+        for source in sources {
+            let Some((d, from)) = sibling_of(&source.rel) else {
+                continue;
+            };
+            if d != *dir {
+                continue;
+            }
+            graph.entry(from.clone()).or_default();
+            let mut paths = paths_after(&source.code, "super::");
+            paths.extend(paths_after(&source.code, &crate_prefix));
+            for (line, segments) in paths {
+                let first = segments[0].as_str();
+                let to = if names.contains(first) {
+                    first.to_string()
+                } else if let Some(child) = via_module.get(first) {
+                    child.clone()
+                } else {
+                    continue;
+                };
+                if to != from {
+                    graph
+                        .entry(from.clone())
+                        .or_default()
+                        .entry(to)
+                        .or_default()
+                        .push(format!("src/{}:{line}", source.rel));
+                }
+            }
+        }
+        graphs.insert(dir.clone(), graph);
+    }
+    graphs
 }
 
 /// One cycle of the graph, if any: rooms in order, the first repeated at the end.
@@ -338,12 +441,40 @@ fn modules_import_each_other_one_way() {
     }
 }
 
-/// The rooms issue 17 names, in the order they may import each other (each only the ones
-/// before it): the modes see the sharing vocabulary, never the plan or the plugin config.
+#[test]
+fn files_of_one_module_import_each_other_one_way() {
+    let mut circles = Vec::new();
+    for (dir, graph) in sibling_graphs(&sources()) {
+        if let Some(cycle) = find_cycle(&graph) {
+            circles.push(format!(
+                "in src/{dir}/:\n{}",
+                describe_cycle(&graph, &cycle)
+            ));
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "import circle among the files of one module (move what both need into a file of its \
+         own, or up into the module file):\n{}",
+        circles.join("\n")
+    );
+}
+
+/// The rooms in the order they may import each other (each only the ones before it): the
+/// profile format below the modes, which see the sharing vocabulary, never the validation that
+/// composes them, the plan or the plugin config.
 #[test]
 fn sharing_modes_sit_below_plan_and_plugin_config() {
     let graph = graph(&sources());
-    let order = ["sharing", "timeslice", "mps", "device_plugin", "plan"];
+    let order = [
+        "profile",
+        "sharing",
+        "timeslice",
+        "mps",
+        "device_plugin",
+        "validate",
+        "plan",
+    ];
     for (i, room) in order.iter().enumerate() {
         let imports = graph
             .get(*room)
@@ -378,7 +509,7 @@ fn the_checker_sees_a_circle_and_skips_tests_comments_and_strings() {
         text: String::new(),
         code: code_only("use crate::a::f;\n"),
     };
-    let graph = graph_without_sub_rooms(&[a, b, c]);
+    let graph = graph(&[a, b, c]);
     assert_eq!(
         find_cycle(&graph),
         Some(vec!["a".to_string(), "b".to_string(), "a".to_string()])
@@ -386,25 +517,36 @@ fn the_checker_sees_a_circle_and_skips_tests_comments_and_strings() {
     assert!(!graph["a"].contains_key("c"), "{graph:?}");
 }
 
-/// [`graph`] for made-up sources, which have no `src/profile/validate.rs`.
-fn graph_without_sub_rooms(sources: &[Source]) -> Graph {
-    let mut graph = Graph::new();
-    for source in sources {
-        let from = room_of_file(&source.rel).unwrap();
-        graph.entry(from.clone()).or_default();
-        for (line, segments) in crate_paths(&source.code) {
-            let to = segments[0].clone();
-            if to != from && to != "self" {
-                graph
-                    .entry(from.clone())
-                    .or_default()
-                    .entry(to)
-                    .or_default()
-                    .push(format!("{}:{line}", source.rel));
-            }
-        }
-    }
-    graph
+#[test]
+fn the_checker_sees_a_circle_between_files_of_one_module() {
+    let file = |rel: &str, code: &str| Source {
+        rel: rel.into(),
+        text: String::new(),
+        code: without_test_modules(&code_only(code)),
+    };
+    let sources = [
+        file(
+            "m/mod.rs",
+            "mod a;\nmod b;\nmod c;\nuse c::Shared;\npub use a::run;\n",
+        ),
+        file("m/a.rs", "use super::{b::helper, Ctx};\n"),
+        file("m/b.rs", "use super::Shared;\n"),
+        file("m/c.rs", "use crate::m::run;\n"),
+    ];
+    let graphs = sibling_graphs(&sources);
+    let graph = &graphs["m"];
+    assert_eq!(
+        find_cycle(graph),
+        Some(
+            vec!["a", "b", "c", "a"]
+                .into_iter()
+                .map(String::from)
+                .collect()
+        ),
+        "{graph:?}"
+    );
+    // `Ctx` is the module file's own: no edge.
+    assert_eq!(graph["a"].keys().collect::<Vec<_>>(), ["b"]);
 }
 
 /// Whether a file's `//!` doc says why it is long: a line of it mentions its length.

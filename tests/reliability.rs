@@ -575,7 +575,8 @@ fn the_agent_with_an_unwritable_state_dir_fails_before_cordoning_or_evicting() {
 
 mod parser {
     use gpu_share::plan::{plan, ObservedNode};
-    use gpu_share::profile::{parse_profile, read_profiles, validate};
+    use gpu_share::profile::{parse_profile, read_profiles};
+    use gpu_share::validate::validate;
     use proptest::prelude::*;
 
     const SEEDS: &[&str] = &[

@@ -49,7 +49,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
     if cli.interactive {
         serve(&world)
     } else {
-        story::run(&world, &show).inspect_err(|_| {
+        tell_story(&world, &show).inspect_err(|_| {
             let log = std::fs::read_to_string(&world.agent_log).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(30).collect();
             eprintln!("agent log, last lines:");
@@ -58,6 +58,14 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
             }
         })
     }
+}
+
+/// The scripted story: a person's profiles (`story`), then the autopilot's (`autopilot`).
+fn tell_story(world: &sim::World, show: &show::Show) -> anyhow::Result<()> {
+    story::run(world, show)?;
+    autopilot::demand_decides(world, show)?;
+    story::done(show);
+    Ok(())
 }
 
 /// Print how to reach the simulated cluster, then wait for Ctrl-C.

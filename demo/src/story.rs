@@ -59,19 +59,23 @@ pub fn profiles() -> Vec<(&'static str, &'static str)> {
     ]
 }
 
+/// Chapters 0-4: the agent applies, changes and refuses profiles a person labels and edits.
+/// Chapter 5, the autopilot, is `crate::autopilot`'s; [`done`] closes the story.
 pub fn run(world: &World, show: &Show) -> anyhow::Result<()> {
     introduce(world, show)?;
     first_profile(world, show)?;
     change_profile(world, show)?;
     edit_configmap(world, show)?;
-    invalid_profile(world, show)?;
-    crate::autopilot::demand_decides(world, show)?;
+    invalid_profile(world, show)
+}
+
+/// The last chapter: how long the story took.
+pub fn done(show: &Show) {
     show.chapter(6, "Done");
     show.line(&format!(
         "story complete in {:.1}s (the simulated node and its temp dir go now)",
         show.elapsed().as_secs_f64()
     ));
-    Ok(())
 }
 
 fn introduce(world: &World, show: &Show) -> anyhow::Result<()> {

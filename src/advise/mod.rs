@@ -14,6 +14,7 @@ pub mod proposal;
 pub mod render;
 mod running;
 pub mod solver;
+pub mod state;
 pub mod supply;
 
 pub use demand::{from_pod, Demand, HeldDevice, Need, Phase, PodDemand};

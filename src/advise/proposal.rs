@@ -8,7 +8,8 @@ use serde::Serialize;
 
 use super::demand::PodDemand;
 use super::keep::{carry_settings, serves_all, Current};
-use super::solver::{gib, GpuState, NodeState, Role, Solution, MAX_MPS_CLIENTS, MAX_TIME_SLICES};
+use super::solver::{gib, Solution};
+use super::state::{GpuState, NodeState, Role, MAX_MPS_CLIENTS, MAX_TIME_SLICES};
 use super::supply::NodeNow;
 use crate::plan::plan_for;
 use crate::profile::{

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::demand::{HeldDevice, Need, Phase, PodDemand};
-use super::solver::{add_client, units, GpuState, NodeState, Role, Unit};
+use super::state::{add_client, units, GpuState, NodeState, Role, Unit};
 use super::supply::NodeNow;
 use crate::mig;
 use crate::sharing::PlannedMode;

@@ -38,13 +38,14 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::apply::{ApplyOptions, DevicePluginOutput};
-use crate::builtin_plugin::{Inventory, ManagerSettings, PluginKind, PluginManager};
+use crate::builtin_plugin::{Inventory, ManagerSettings, PluginManager};
 use crate::device_plugin::SignalTarget;
 use crate::doctor::{self, DoctorOptions, Status};
 use crate::dra::api::ResourceSlice;
 use crate::dra::kubelet_plugin::{Inputs as DraInputs, KubeletPlugin, Settings as DraSettings};
 use crate::gpu::SharedGpus;
 use crate::mps::daemon::{self, MpsSettings};
+use crate::sharing::PluginKind;
 use drain::DrainSettings;
 use http::Health;
 use lease::DrainSlots;

@@ -414,7 +414,7 @@ mod tests {
 
     #[test]
     fn mps_inside_mig_devices_is_not_a_whole_mps_gpu() {
-        use crate::builtin_plugin::PluginKind;
+        use crate::sharing::PluginKind;
         let node = crate::plan::ObservedNode::simulated(&["h100x6".into()]);
         let text = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),

@@ -16,15 +16,16 @@ use crate::advise;
 use crate::agent::advertisement::{verdicts, Advertisement, DeviceVerdict};
 use crate::agent::AgentArgs;
 use crate::apply::{apply, resume, ApplyError, ApplyOptions, DevicePluginOutput};
-use crate::builtin_plugin::PluginKind;
 use crate::device_plugin::SignalTarget;
 use crate::gpu::Gpus;
 use crate::mig::catalog;
 use crate::mps::daemon::{self, MpsSettings};
 use crate::plan::{plan_for, ObservedNode};
 use crate::profile::{
-    check_size, read_profiles, validate_for, NamedProfile, Problem, Profile, MAX_PROFILE_BYTES,
+    check_size, read_profiles, NamedProfile, Problem, Profile, MAX_PROFILE_BYTES,
 };
+use crate::sharing::PluginKind;
+use crate::validate::validate_for;
 
 /// Share NVIDIA GPUs in Kubernetes: MIG geometry, MPS and time-slicing from one profile.
 #[derive(Parser, Debug)]

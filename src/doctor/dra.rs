@@ -18,7 +18,7 @@
 
 use std::path::Path;
 
-use super::plugin::{describe, probe, Socket};
+use super::socket::{describe, pod_resources, probe, Socket};
 use super::{Check, Ctx};
 use crate::dra::DRIVER;
 
@@ -117,7 +117,7 @@ pub(super) fn check(ctx: &Ctx<'_>) -> Check {
              (its kubelet plugin DaemonSet's nodeSelector), or run gpu-share with a device plugin",
         );
     }
-    super::plugin::pod_resources(ctx, &mut check);
+    pod_resources(ctx, &mut check);
     check
 }
 

@@ -28,6 +28,7 @@ mod options;
 mod plugin;
 mod profile;
 mod runtime;
+mod socket;
 mod version;
 
 use std::fmt::Write as _;
@@ -35,9 +36,9 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::builtin_plugin::PluginKind;
 use crate::plan::{NodePlan, ObservedNode};
 use crate::profile::NamedProfile;
+use crate::sharing::PluginKind;
 
 pub use cuda::CudaVersion;
 pub use options::{DoctorOptions, EXIT_CODES};
@@ -182,13 +183,24 @@ impl Facts {
 
 type Layer = fn(&Ctx<'_>, &mut Facts) -> Check;
 
+/// The layer: DRA mode has its own check (`super::dra`); with a device plugin, its sockets, and
+/// a warning when gpu-share's DRA plugin is registered on the same node.
+fn plugin_layer(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
+    if ctx.plugin == PluginKind::Dra {
+        return dra::check(ctx);
+    }
+    let mut check = plugin::check(ctx, facts);
+    dra::warn_if_dra_registered(ctx, &mut check);
+    check
+}
+
 /// The layers, bottom-up. The flag says whether the check still runs after a failure below.
 const LAYERS: [(&str, Layer, bool); 7] = [
     ("driver", driver::check, false),
     ("nvml", nvml::check, false),
     ("profile", profile::check, false),
     ("container-runtime", runtime::check, false),
-    ("device-plugin", plugin::check, false),
+    ("device-plugin", plugin_layer, false),
     ("allocatable", plugin::allocatable, true),
     ("cuda", cuda::check, false),
 ];

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::cuda::{self, CudaVersion};
-use crate::builtin_plugin::PluginKind;
+use crate::sharing::PluginKind;
 
 /// What `gpu-share doctor --help` says about its exit codes.
 pub const EXIT_CODES: &str = "\

@@ -11,19 +11,14 @@
 //! With either plugin, the kubelet's PodResources socket should be live: without it the agent's
 //! drain sees only the pods with GPU processes, not those holding a device idle (a warning).
 //!
-//! With `--plugin dra` the layer is `super::dra`'s; with a device plugin, gpu-share's DRA plugin
-//! registered on the same node is a warning (a node cannot run both for the same GPUs).
-
-use std::io::ErrorKind;
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::UnixStream;
-use std::path::Path;
+//! With `--plugin dra` the layer is `super::dra`'s instead (`super::plugin_layer` picks).
 
 use super::profile::resources;
+use super::socket::{describe, pod_resources, probe, Socket};
 use super::{Check, Ctx, Facts};
-use crate::builtin_plugin::PluginKind;
 use crate::mps::shm;
 use crate::plan::{NodePlan, ObservedNode, PlannedMode};
+use crate::sharing::PluginKind;
 
 const NAME: &str = "device-plugin";
 
@@ -36,42 +31,8 @@ fn socket_name(resource: &str) -> String {
     )
 }
 
-/// What is at a socket path.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Socket {
-    Listening,
-    /// A socket file, but connecting is refused: whoever made it is gone.
-    Stale,
-    WrongType,
-    Missing,
-}
-
-pub(super) fn probe(path: &Path) -> Socket {
-    match std::fs::metadata(path) {
-        Err(_) => Socket::Missing,
-        Ok(m) if !m.file_type().is_socket() => Socket::WrongType,
-        Ok(_) => match UnixStream::connect(path) {
-            Ok(_) => Socket::Listening,
-            // A listener whose backlog is full is alive.
-            Err(e) if e.kind() == ErrorKind::WouldBlock => Socket::Listening,
-            Err(_) => Socket::Stale,
-        },
-    }
-}
-
-/// The layer: DRA mode has its own check (`super::dra`); with a device plugin, its sockets, and
-/// a warning when gpu-share's DRA plugin is registered on the same node.
+/// The device plugin's sockets (`nvidia` or `builtin`); DRA mode is `super::dra`'s.
 pub(super) fn check(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
-    if ctx.plugin == PluginKind::Dra {
-        return super::dra::check(ctx);
-    }
-    let mut check = device_plugin(ctx, facts);
-    super::dra::warn_if_dra_registered(ctx, &mut check);
-    check
-}
-
-/// The device plugin's sockets (`nvidia` or `builtin`).
-fn device_plugin(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
     let dir = &ctx.paths.device_plugin_dir;
     let kubelet = dir.join("kubelet.sock");
     let mut check = Check::new(NAME, "");
@@ -294,35 +255,6 @@ fn check_shm(ctx: &Ctx<'_>, check: &mut Check) {
     }
 }
 
-/// The kubelet's PodResources API, which the agent's drain asks which pods hold the devices a
-/// MIG change takes away.
-pub(super) fn pod_resources(ctx: &Ctx<'_>, check: &mut Check) {
-    let socket = &ctx.paths.pod_resources_socket;
-    let state = probe(socket);
-    if state != Socket::Listening {
-        check.warn(
-            format!(
-                "the kubelet's PodResources API ({}) is {}: the agent's drain sees only the pods \
-                 with GPU processes, not those holding a MIG device or GPU replica idle",
-                socket.display(),
-                describe(&state)
-            ),
-            "the kubelet serves it by default; mount /var/lib/kubelet/pod-resources into the \
-             agent (deploy/base does); a kubelet with another --root-dir keeps it elsewhere: \
-             point --pod-resources-socket there",
-        );
-    }
-}
-
-pub(super) fn describe(s: &Socket) -> &'static str {
-    match s {
-        Socket::Listening => "listening",
-        Socket::Stale => "a stale socket (nothing listens)",
-        Socket::WrongType => "not a socket",
-        Socket::Missing => "missing",
-    }
-}
-
 /// The allocatable check needs the API server, and doctor checks the node only: it never talks
 /// to the API server, so it says so instead of passing.
 pub(super) fn allocatable(_ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
@@ -354,20 +286,5 @@ mod tests {
             socket_name("nvidia.com/gpu.shared"),
             "nvidia-gpu.shared.sock"
         );
-    }
-
-    #[test]
-    fn tells_live_stale_and_missing_sockets_apart() {
-        let dir = tempfile::tempdir().unwrap();
-        let live = dir.path().join("live.sock");
-        let _listener = std::os::unix::net::UnixListener::bind(&live).unwrap();
-        let stale = dir.path().join("stale.sock");
-        drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
-        let file = dir.path().join("file.sock");
-        std::fs::write(&file, "").unwrap();
-        assert_eq!(probe(&live), Socket::Listening);
-        assert_eq!(probe(&stale), Socket::Stale);
-        assert_eq!(probe(&file), Socket::WrongType);
-        assert_eq!(probe(&dir.path().join("none.sock")), Socket::Missing);
     }
 }

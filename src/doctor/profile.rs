@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 
 use super::{find_program, is_executable, Check, Ctx, Facts};
-use crate::builtin_plugin::PluginKind;
 use crate::mig::catalog;
 use crate::plan::{plan_for, NodePlan, ObservedGpu, ObservedNode, PlannedMode};
 use crate::profile::{Mode, Problem, Profile, Severity};
+use crate::sharing::PluginKind;
 
 const NAME: &str = "profile";
 

@@ -360,7 +360,7 @@ fn a_kept_mig_device_carries_its_uuid_and_a_new_one_only_its_parents() {
 fn validate_for_dra_keeps_the_mps_daemon_rule_and_drops_the_resource_name_warning() {
     let differing = "version: v1\nrules:\n  - devices: [0]\n    mps: {replicas: 2, activeThreadPercentage: 50}\n  - devices: [1]\n    mps: {replicas: 2, activeThreadPercentage: 25}\n";
     let profile = parse_profile("p", differing).unwrap();
-    let problems = crate::profile::validate_for("p", &profile, PluginKind::Dra);
+    let problems = crate::validate::validate_for("p", &profile, PluginKind::Dra);
     assert!(
         problems
             .iter()
@@ -369,10 +369,10 @@ fn validate_for_dra_keeps_the_mps_daemon_rule_and_drops_the_resource_name_warnin
     );
     let mixed = "version: v1\nrules:\n  - devices: [0]\n    mps: {replicas: 2}\n  - devices: [1]\n    timeSlicing: {replicas: 2}\n";
     let profile = parse_profile("p", mixed).unwrap();
-    let problems = crate::profile::validate_for("p", &profile, PluginKind::Dra);
+    let problems = crate::validate::validate_for("p", &profile, PluginKind::Dra);
     assert!(problems.is_empty(), "{problems:?}");
     // The built-in plugin warns about the same profile: one resource name for both kinds.
-    let builtin = crate::profile::validate_for("p", &profile, PluginKind::Builtin);
+    let builtin = crate::validate::validate_for("p", &profile, PluginKind::Builtin);
     assert!(builtin
         .iter()
         .any(|p| p.to_string().contains("one resource name")));

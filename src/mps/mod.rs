@@ -6,7 +6,7 @@ pub mod daemon;
 pub mod planned;
 pub mod shm;
 
-use crate::profile::Mps;
+use crate::profile::{Mode, Mps, Problem, Profile};
 use crate::sharing::PlannedMode;
 
 /// The client bound is part of the profile format (its schema states it); this mode checks it.
@@ -143,6 +143,49 @@ pub fn plugin_resources(mode: &PlannedMode) -> Vec<(String, u64)> {
     }
 }
 
+/// What the MPS daemons gpu-share runs ([`daemon`]: one control daemon per resource
+/// name, one per MIG device inside MIG) cannot do, whichever plugin advertises the GPUs: whole
+/// MPS GPUs share one daemon, so one default active-thread percentage; MPS inside MIG has
+/// needs `validate` states.
+pub fn check_daemons(name: &str, profile: &Profile) -> Vec<Problem> {
+    let modes = profile.rule_modes();
+    let mut problems = Vec::new();
+    let mut first_mps: Option<(usize, Option<i64>)> = None;
+    for (i, rule, mode) in &modes {
+        if let Mode::Mps(mps) = mode {
+            match first_mps {
+                Some((j, pct)) if pct != mps.active_thread_percentage => problems.push(
+                    Problem::error(
+                        name,
+                        format!(
+                            "mps.activeThreadPercentage is {} here but {} in rule {}: MPS GPUs are advertised under one resource, served by one MPS control daemon with one default (give both rules the same value)",
+                            show(mps.active_thread_percentage),
+                            show(pct),
+                            j + 1
+                        ),
+                    )
+                    .in_rule(*i, rule),
+                ),
+                Some(_) => {}
+                None => first_mps = Some((*i, mps.active_thread_percentage)),
+            }
+        }
+    }
+    for (i, rule, mode) in &modes {
+        if let Mode::Mig { mps: Some(_), .. } = mode {
+            problems.push(Problem::warning(name, MPS_ON_MIG_NEEDS).in_rule(*i, rule));
+        }
+    }
+    problems
+}
+
+/// What a node must have for MPS inside MIG devices, said by `validate`.
+pub const MPS_ON_MIG_NEEDS: &str = "MPS runs inside each MIG device, one control daemon per device (MIG User Guide): the node needs a MIG-capable GPU, an nvidia-cuda-mps-control whose driver supports MPS on MIG (CUDA 11.4 / driver R470 or later is commonly cited; NVIDIA's text found gives no minimum), and compute mode left at Default (EXCLUSIVE_PROCESS is not supported in MIG mode); each device takes fewer clients than 48, in proportion to its compute slices";
+
+fn show(pct: Option<i64>) -> String {
+    pct.map_or_else(|| "unset".into(), |p| p.to_string())
+}
+
 /// Problems with an `mps` block, as sentences.
 pub fn validate(mps: &Mps) -> Vec<String> {
     let mut problems = Vec::new();
@@ -175,6 +218,7 @@ pub fn validate(mps: &Mps) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::parse_profile;
 
     fn mps(replicas: i64, pct: Option<i64>, mem: Option<&str>) -> Mps {
         Mps {
@@ -247,5 +291,28 @@ mod tests {
             );
         }
         assert!(unavailable_on("NVIDIA H100 80GB HBM3").is_none());
+    }
+
+    #[test]
+    fn mps_inside_mig_says_what_the_node_needs() {
+        let text = "version: v1\nrules:\n  - devices: all\n    mig: {3g.40gb: 2}\n    mps: {replicas: 4}\n";
+        let profile = parse_profile("p", text).unwrap();
+        let problems = check_daemons("p", &profile);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(!problems[0].is_error());
+        assert!(problems[0]
+            .message
+            .contains("one control daemon per device"));
+        assert!(problems[0].message.contains("R470"));
+    }
+
+    #[test]
+    fn mps_rules_must_agree_on_threads() {
+        let text = "version: v1\nrules:\n  - devices: [0]\n    mps: {replicas: 4, activeThreadPercentage: 25}\n  - devices: [1]\n    mps: {replicas: 8, activeThreadPercentage: 50}\n";
+        let profile = parse_profile("p", text).unwrap();
+        let problems = check_daemons("p", &profile);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].is_error());
+        assert!(problems[0].to_string().contains("one MPS control daemon"));
     }
 }

@@ -15,11 +15,11 @@ use crate::device_plugin::{self, PluginConfig};
 use crate::mig::{self, catalog, Geometry, GpuModel};
 use crate::mps::planned::{mig_mps, pinned_per_client};
 use crate::profile::{
-    mig_counts, mig_strategy, validate_for, DeviceSelector, MigStrategy, Mode, Problem, Profile,
-    Rule, RuleRef,
+    mig_counts, DeviceSelector, MigStrategy, Mode, Problem, Profile, Rule, RuleRef,
 };
 use crate::sharing::PluginKind;
 use crate::timeslice;
+use crate::validate::{mig_strategy, validate_for};
 
 /// What a node needs to match a profile.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -1,10 +1,11 @@
 //! The sharing-profile format: types (serde + schemars), reading from files and ConfigMaps, and
-//! validation with messages that name the profile, the rule and the GPU model.
+//! the problems validation reports ([`Problem`], naming the profile, the rule and the GPU model).
+//! Whether a profile is valid is `crate::validate`'s to say: it needs every mode's rules, which
+//! sit above the format.
 
 mod format;
 mod parse;
 mod problem;
-mod validate;
 
 use std::collections::BTreeMap;
 
@@ -15,7 +16,6 @@ pub use format::{
 };
 pub use parse::{check_key, check_size, parse_profile, read_profiles, NamedProfile};
 pub use problem::{Problem, RuleRef, Severity};
-pub use validate::{mig_strategy, validate, validate_for};
 
 /// The one version this build reads.
 pub const VERSION: &str = "v1";
@@ -44,6 +44,18 @@ impl Mode<'_> {
             Mode::Mps(_) => "mps",
             Mode::Mig { .. } => "mig",
         }
+    }
+}
+
+impl Profile {
+    /// Each rule whose mode is clear, with its index (a rule without one is `validate`'s to
+    /// report).
+    pub fn rule_modes(&self) -> Vec<(usize, &Rule, Mode<'_>)> {
+        self.rules
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.mode().ok().map(|m| (i, r, m)))
+            .collect()
     }
 }
 

@@ -319,13 +319,9 @@ mod tests {
             "version: v1\nrules:\n  - devices: [0]\n    mig: {3g.40gb: 2}\n    mps: {replicas: 4, activeThreadPercentage: 50, pinnedMemoryLimit: auto}\n  - devices: [1]\n    mps: {replicas: 2}\n",
         )
         .unwrap();
-        let plan = crate::plan::plan_for(
-            "test",
-            &profile,
-            &node,
-            crate::builtin_plugin::PluginKind::Builtin,
-        )
-        .expect("plan");
+        let plan =
+            crate::plan::plan_for("test", &profile, &node, crate::sharing::PluginKind::Builtin)
+                .expect("plan");
         let specs = specs_from_plan(&plan.gpus, plan.mig_strategy, &node).unwrap();
         let names: Vec<&str> = specs.iter().map(|s| s.resource.as_str()).collect();
         assert_eq!(

@@ -1,12 +1,21 @@
-//! Validation: every rule on its own, against every catalog model it could match, then the
-//! rules together (overlapping selectors, the MIG strategy the device plugin will need).
+//! Whether a profile can be applied: every rule on its own, against every catalog model it could
+//! match, then the rules together (overlapping selectors, the MIG strategy the device plugin
+//! will need), then what the plugin that advertises the node can express.
+//!
+//! It composes: the format (`crate::profile`), each sharing mode's own rules (`crate::mig`,
+//! `crate::mps`, `crate::timeslice`), the NVIDIA plugin's refusals (`crate::device_plugin`) and
+//! the built-in plugin's limits (here: that plugin advertises exactly the plan, so what it cannot
+//! do fits in [`builtin_plugin_limits`]). So it sits above all of them and below `crate::plan`,
+//! which refuses to plan an invalid profile.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::format::{MAX_GPU_INDEX, MAX_RULES};
-use super::{mig_counts, DeviceSelector, MigStrategy, Mode, Problem, Profile, Rule, VERSION};
-use crate::builtin_plugin::PluginKind;
 use crate::mig::{catalog, rule as mig_rule};
+use crate::profile::{
+    mig_counts, DeviceSelector, MigStrategy, Mode, Problem, Profile, Rule, MAX_GPU_INDEX,
+    MAX_RULES, VERSION,
+};
+use crate::sharing::PluginKind;
 use crate::{mps, timeslice};
 
 /// Every problem in a profile; an empty list means it is valid. `name` is the profile's name
@@ -52,12 +61,36 @@ pub fn validate_for(name: &str, profile: &Profile, plugin: PluginKind) -> Vec<Pr
     problems.extend(check_mig_strategy(name, profile));
     problems.extend(match plugin {
         PluginKind::Nvidia => crate::device_plugin::check_profile(name, profile),
-        PluginKind::Builtin => crate::builtin_plugin::check_profile(name, profile),
+        PluginKind::Builtin => builtin_plugin_limits(name, profile),
         // Each GPU (and MIG device) is its own DRA device with its own attributes: none of
         // the NVIDIA plugin's node-wide restrictions applies, but the MPS daemons gpu-share
         // runs are the same whichever plugin advertises their clients.
-        PluginKind::Dra => crate::builtin_plugin::check_mps_daemons(name, profile),
+        PluginKind::Dra => mps::check_daemons(name, profile),
     });
+    problems
+}
+
+/// What the rules alone show the built-in plugin (`--plugin builtin`) cannot do. It advertises
+/// exactly the plan's resources, so most profiles are fine; what remains is MPS
+/// ([`mps::check_daemons`]) and whole GPUs shared differently under one resource name (a
+/// warning).
+pub fn builtin_plugin_limits(name: &str, profile: &Profile) -> Vec<Problem> {
+    let mut problems = mps::check_daemons(name, profile);
+    let whole_kinds: BTreeSet<&str> = profile
+        .rule_modes()
+        .iter()
+        .filter(|(_, _, m)| !matches!(m, Mode::Mig { .. }))
+        .map(|(_, _, m)| m.keyword())
+        .collect();
+    if whole_kinds.len() > 1 {
+        problems.push(Problem::warning(
+            name,
+            format!(
+                "whole GPUs are shared in different ways ({}) but advertised under one resource name, so a pod cannot choose which it gets; the built-in plugin keeps each container on one GPU and gives MPS settings only to containers placed on MPS GPUs",
+                whole_kinds.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+        ));
+    }
     problems
 }
 
@@ -97,7 +130,7 @@ fn validate_rule(name: &str, index: usize, rule: &Rule) -> Vec<Problem> {
                         .map(|p| {
                             let mut problem = at(p.message);
                             if !p.fatal {
-                                problem.severity = super::Severity::Warning;
+                                problem.severity = crate::profile::Severity::Warning;
                             }
                             match p.model {
                                 Some(model) => problem.on_gpu(model),
@@ -116,7 +149,12 @@ fn validate_rule(name: &str, index: usize, rule: &Rule) -> Vec<Problem> {
 /// What the selector tells about MPS before a node is seen: a product selector naming a
 /// Jetson/Tegra board cannot have MPS (an error), and a fixed pinned-memory limit above the
 /// memory of every GPU the rule can select limits nothing (a warning; `plan` checks each GPU).
-fn mps_on_the_selected_gpus(name: &str, index: usize, rule: &Rule, m: &super::Mps) -> Vec<Problem> {
+fn mps_on_the_selected_gpus(
+    name: &str,
+    index: usize,
+    rule: &Rule,
+    m: &crate::profile::Mps,
+) -> Vec<Problem> {
     if let DeviceSelector::Product(product) = &rule.devices {
         if let Some(why) = mps::unavailable_on(product) {
             return vec![Problem::error(name, why).in_rule(index, rule)];
@@ -307,7 +345,7 @@ fn product_names_matching(pattern: &str) -> impl Iterator<Item = &'static str> +
         .models
         .iter()
         .flat_map(|m| m.product_names())
-        .filter(move |n| super::glob_matches(pattern, n))
+        .filter(move |n| crate::profile::glob_matches(pattern, n))
 }
 
 fn join(set: &BTreeSet<u32>) -> String {
@@ -380,4 +418,23 @@ fn check_mig_strategy(name: &str, profile: &Profile) -> Vec<Problem> {
         .map(|m| Problem::error(name, m))
         .into_iter()
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::parse_profile;
+
+    #[test]
+    fn whole_gpus_shared_two_ways_under_one_name_is_a_builtin_warning() {
+        let text = "version: v1\nrules:\n  - devices: [0]\n    mps: {replicas: 4}\n  - devices: [1]\n    timeSlicing: {replicas: 2}\n";
+        let profile = parse_profile("p", text).unwrap();
+        let problems = builtin_plugin_limits("p", &profile);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(!problems[0].is_error());
+        assert!(
+            problems[0].message.contains("mps, timeSlicing"),
+            "{problems:?}"
+        );
+    }
 }
