@@ -119,7 +119,7 @@ fn latency() {
     // Time-slicing only, 8 H100s with MIG off, timed stage by stage (stages.rs).
     let mut node = AgentNode::new(&api, "bench-ts", h100s(8, false));
     api.set_node_label(&node.name, PROFILE_LABEL, Some(TS[0]));
-    node.start_agent(&["--resync-secs", "300"], &[]);
+    node.start_agent(&["--resync-period", "300s"], &[]);
     wait_applied_text(&api, &node, &texts[0], Duration::from_secs(60), TS[0]);
     let mut events = NodeEvents::start(&api, &node.name);
     let ts_changes: Vec<Change> = (0..changes)
@@ -279,7 +279,7 @@ fn mig_latency(
     let _kubelet = pod_resources
         .then(|| PodResourcesKubelet::serve(api, &mig.name, &mig.pod_resources_socket()));
     api.set_node_label(&mig.name, PROFILE_LABEL, Some("h100-balanced"));
-    mig.start_agent(&["--resync-secs", "300"], &[]);
+    mig.start_agent(&["--resync-period", "300s"], &[]);
     wait_applied(api, &mig, "h100-balanced", Duration::from_secs(60));
     let (mut written, mut done) = (Vec::new(), Vec::new());
     let names = ["h100-balanced", "h100-inference"];

@@ -18,6 +18,7 @@ pub mod cli;
 pub mod device_plugin;
 pub mod doctor;
 pub mod dra;
+pub mod duration;
 pub mod field_manager;
 pub mod gpu;
 pub mod kubelet;

@@ -283,7 +283,7 @@ fn a_pdb_blocks_the_drain_then_allows_it_and_a_restarted_agent_finishes() {
 fn a_drain_that_never_ends_fails_clearly_and_uncordons() {
     let api = Arc::new(KubeDouble::start());
     configmap(&api);
-    let node = balanced_node(&api, "gpu-4", &["--drain-timeout-secs", "2"]);
+    let node = balanced_node(&api, "gpu-4", &["--drain-timeout", "2s"]);
     guarded_workload(&api, &node, "pinned", 6001, "pin");
     let before = node.mutations().len();
 
@@ -552,7 +552,7 @@ fn time_sliced_node(api: &Arc<KubeDouble>, name: &str, gpus: usize, extra: &[&st
     );
     let mut node = AgentNode::new(api, name, h100s(gpus, false));
     api.set_node_label(name, PROFILE_LABEL, Some("ts-4"));
-    let mut flags = vec!["--resync-secs", "300"];
+    let mut flags = vec!["--resync-period", "300s"];
     flags.extend_from_slice(extra);
     node.start_agent(&flags, &[]);
     wait_applied_text(api, &node, &time_sliced(4), Duration::from_secs(20), "ts-4");
@@ -565,7 +565,7 @@ fn a_change_without_mig_writes_the_plugin_config_before_any_node_write() {
     // writes come after it. The next Node PATCH hangs until the 12 s API timeout: before the
     // fix the `applying` write was awaited first, so the config came only after that timeout.
     let api = Arc::new(KubeDouble::start());
-    let node = time_sliced_node(&api, "gpu-no-wait", 2, &["--api-timeout-secs", "12"]);
+    let node = time_sliced_node(&api, "gpu-no-wait", 2, &["--api-timeout", "12s"]);
     let config = node.plugin_config();
     let before = std::fs::read(&config).unwrap();
     api.fail_next(Verb::Patch, "nodes", 1, Fault::Hang);

@@ -52,10 +52,10 @@ impl Autopilot {
                 "autopilot",
                 "--identity",
                 identity,
-                "--debounce-seconds",
-                "0.2",
-                "--lease-duration-seconds",
-                "2",
+                "--debounce",
+                "200ms",
+                "--lease-duration",
+                "2s",
             ])
             .args(extra)
             .stdout(Stdio::null())
@@ -227,7 +227,7 @@ fn dry_run_writes_only_the_status_and_events() {
         dir.path(),
         &api,
         "a",
-        &["--dry-run", "--max-changing-nodes", "2"],
+        &["--dry-run", "--max-concurrent-drains", "2"],
     );
     wait_action(&api, &pilot, "gpu-1", "dry-run");
     wait_action(&api, &pilot, "gpu-2", "dry-run");
@@ -276,7 +276,7 @@ fn a_real_run_relabels_one_node_at_a_time_within_the_budget() {
     let api = KubeDouble::start();
     two_nodes_four_pending_pods(&api, &[]);
     let dir = tempfile::tempdir().unwrap();
-    let pilot = Autopilot::start(dir.path(), &api, "a", &["--max-changing-nodes", "1"]);
+    let pilot = Autopilot::start(dir.path(), &api, "a", &["--max-concurrent-drains", "1"]);
     wait_action(&api, &pilot, "gpu-2", "waiting-budget");
     let first = ["gpu-1", "gpu-2"]
         .into_iter()
@@ -600,8 +600,13 @@ fn simulated_node_of(
     let kubelet = DevicePluginKubelet::serve(api, name, &dp);
     let mut cmd = node.agent_command();
     cmd.args(["agent", "--plugin", "builtin", "--plugin-reload", "none"])
-        .args(["--plugin-health-ms", "200", "--kubelet-poll-ms", "100"])
-        .args(["--lease-duration-secs", "2", "--resync-secs", resync])
+        .args([
+            "--plugin-health-interval",
+            "200ms",
+            "--kubelet-poll-interval",
+            "100ms",
+        ])
+        .args(["--lease-duration", "2s", "--resync-period", resync])
         .arg("--device-plugin-dir")
         .arg(&dp);
     node.spawn(cmd);
@@ -735,7 +740,7 @@ fn a_dry_run_round_over_a_fleet_serves_every_pending_pod() {
         dir.path(),
         &api,
         "a",
-        &["--dry-run", "--max-changing-nodes", "4"],
+        &["--dry-run", "--max-concurrent-drains", "4"],
     );
     assert!(
         api.wait_until(Duration::from_secs(120), |a| status(a).is_some()),
@@ -774,8 +779,8 @@ fn unusable_flags_are_refused_at_start() {
             "--plugin dra: the autopilot plans for nodes running the nvidia or builtin device plugin only",
         ),
         (
-            &["--debounce-seconds", "5000"][..],
-            "--debounce-seconds 5000: must be between 0 and 3600",
+            &["--debounce", "5000s"][..],
+            "--debounce 1h 23m 20s: must be at most 1h",
         ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))

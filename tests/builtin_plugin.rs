@@ -143,8 +143,13 @@ fn start_builtin_agent(node: &mut AgentNode, dp: &Path, extra: &[&str]) {
     cmd.args(["agent", "--plugin", "builtin"])
         .args(extra)
         .args(["--allocatable-timeout", "0s"])
-        .args(["--plugin-health-ms", "200", "--kubelet-poll-ms", "100"])
-        .args(["--lease-duration-secs", "2"])
+        .args([
+            "--plugin-health-interval",
+            "200ms",
+            "--kubelet-poll-interval",
+            "100ms",
+        ])
+        .args(["--lease-duration", "2s"])
         .arg("--device-plugin-dir")
         .arg(dp);
     node.spawn(cmd);

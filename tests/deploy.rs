@@ -1270,12 +1270,12 @@ fn start_agent_with(
     cmd.args(c.args.iter().flatten())
         // Test speed: short leases, fast retries.
         .args([
-            "--lease-duration-secs",
-            "2",
-            "--eviction-backoff-ms",
-            "100",
-            "--resync-secs",
-            "2",
+            "--lease-duration",
+            "2s",
+            "--eviction-backoff",
+            "100ms",
+            "--resync-period",
+            "2s",
         ]);
     for e in c.env.iter().flatten() {
         let value = match (&e.value, &e.value_from) {
@@ -1749,7 +1749,7 @@ fn the_daemonset_env_and_mounts_match_the_agent_flags() {
             what("the PodResources socket at the kubelet's path")
         );
         env("GPU_SHARE_MAX_DRAINS").parse::<u32>().unwrap();
-        env("GPU_SHARE_DRAIN_TIMEOUT").parse::<u64>().unwrap();
+        gpu_share::duration::secs_or_duration(&env("GPU_SHARE_DRAIN_TIMEOUT")).unwrap();
 
         // Something advertises what the agent configures: NVIDIA's plugin beside it, or the
         // agent's built-in plugin.

@@ -123,11 +123,11 @@ impl Node {
         self.listeners.push(UnixListener::bind(p).unwrap());
     }
 
-    /// `gpu-share doctor --root <root> <args>` with the fake NVML.
+    /// `gpu-share doctor --host-root <root> <args>` with the fake NVML.
     fn doctor_with(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-share"));
         cmd.arg("doctor")
-            .arg("--root")
+            .arg("--host-root")
             .arg(self.root())
             .args(args)
             .env("GPU_SHARE_NVML_LIB", cdylib_path())
@@ -661,7 +661,7 @@ fn the_builtin_plugin_plans_what_nvidia_refuses_and_needs_kubelet_sock_and_the_m
         "{said}"
     );
     assert!(
-        said.contains("gpu-share mps mount-shm --root ")
+        said.contains("gpu-share mps mount-shm --mps-root ")
             && said.contains("deploy/overlays/builtin"),
         "{said}"
     );

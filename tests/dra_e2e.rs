@@ -476,7 +476,7 @@ fn a_restarted_agent_keeps_prepared_claims_and_prepares_new_ones() {
 fn a_kubelet_restart_gets_the_slices_back_at_once() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let node = DraNode::start_with(&["--resync-secs", "300"]).await;
+        let node = DraNode::start_with(&["--resync-period", "300s"]).await;
         let inference = profile_text("h100-inference");
         node.apply("h100-inference", &inference);
         let published = node.device_names();

@@ -629,7 +629,7 @@ fn the_agent_serves_the_dra_plugin_and_removes_its_sockets_on_sigterm() {
         std::fs::create_dir_all(&registry).unwrap();
         let kubelet = DraKubelet::watch(&registry);
         let mut cmd = node.agent_command();
-        cmd.args(["agent", "--plugin", "dra", "--lease-duration-secs", "2"])
+        cmd.args(["agent", "--plugin", "dra", "--lease-duration", "2s"])
             .arg("--dra-registration-dir")
             .arg(&registry)
             .arg("--dra-plugin-dir")

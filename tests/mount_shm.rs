@@ -58,7 +58,7 @@ fn mounts_nvidias_tmpfs_once_sized_by_memory() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("mps");
     let out = in_namespace(&format!(
-        r#"set -e; ROOT={root}; "$B" mps mount-shm --root "$ROOT"; "$B" mps mount-shm --root "$ROOT"; {INSPECT}"#,
+        r#"set -e; ROOT={root}; "$B" mps mount-shm --mps-root "$ROOT"; "$B" mps mount-shm --mps-root "$ROOT"; {INSPECT}"#,
         root = root.display()
     ));
     assert!(out.status.success(), "{}", text(&out));
@@ -128,7 +128,7 @@ fn without_meminfo_the_size_is_nvidias_fallback() {
     std::fs::create_dir(&proc).unwrap();
     std::os::unix::fs::symlink("/proc/self", proc.join("self")).unwrap();
     let out = in_namespace(&format!(
-        r#"set -e; ROOT={root}; "$B" mps mount-shm --root "$ROOT" --proc-root {proc}; {INSPECT}"#,
+        r#"set -e; ROOT={root}; "$B" mps mount-shm --mps-root "$ROOT" --proc-root {proc}; {INSPECT}"#,
         root = root.display(),
         proc = proc.display()
     ));
@@ -151,7 +151,7 @@ fn without_cap_sys_admin_the_error_names_the_path_and_the_capability() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("mps");
     let out = in_namespace(&format!(
-        r#"exec setpriv --inh-caps=-sys_admin --bounding-set=-sys_admin "$B" mps mount-shm --root {}"#,
+        r#"exec setpriv --inh-caps=-sys_admin --bounding-set=-sys_admin "$B" mps mount-shm --mps-root {}"#,
         root.display()
     ));
     assert!(
@@ -182,7 +182,7 @@ fn a_root_that_cannot_be_created_is_named() {
     let file = dir.path().join("file");
     std::fs::write(&file, "").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
-        .args(["mps", "mount-shm", "--root"])
+        .args(["mps", "mount-shm", "--mps-root"])
         .arg(&file)
         .env_remove("GPU_SHARE_MPS_ROOT")
         .output()

@@ -226,7 +226,7 @@ fn watch_drops_and_api_errors_during_a_drain_are_survived() {
 #[test]
 fn a_pdb_that_never_allows_eviction_times_out_uncordons_and_changes_nothing() {
     let api = Arc::new(KubeDouble::start());
-    let node = balanced_node_with_pods(&api, "gpu-pdb", &["--drain-timeout-secs", "3"], &[]);
+    let node = balanced_node_with_pods(&api, "gpu-pdb", &["--drain-timeout", "3s"], &[]);
     guard(&api, "moves", "moves");
     let before = node.mutations().len();
     let layout_before = node.nvml();
@@ -424,7 +424,7 @@ fn an_mps_daemon_killed_with_sigkill_is_restarted_by_the_periodic_resync() {
     let api = Arc::new(KubeDouble::start());
     profiles_configmap(&api, &["h100-mps"], &[]);
     let mut node = AgentNode::new(&api, "gpu-mps", h100s(2, false));
-    node.start_agent(&[], &[]); // --resync-secs 2
+    node.start_agent(&[], &[]); // --resync-period 2s
     api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-mps"));
     wait_applied(&api, &node, "h100-mps", Duration::from_secs(30));
     let root = node.path("mps");
@@ -766,7 +766,7 @@ fn drain_with_fault(
     let node = balanced_node_with_pods(
         &api,
         name,
-        &["--drain-timeout-secs", "5", "--api-timeout-secs", "2"],
+        &["--drain-timeout", "5s", "--api-timeout", "2s"],
         &[],
     );
     guard(&api, "moves", "moves");
@@ -785,7 +785,7 @@ fn a_hung_eviction_request_is_bounded_by_the_drain_timeout() {
         1,
         Fault::Hang,
     );
-    // --drain-timeout-secs 5: by 20 s the drain has either finished or given up.
+    // --drain-timeout 5s: by 20 s the drain has either finished or given up.
     let settled = api.wait_until(Duration::from_secs(20), |a| {
         matches!(
             state_of(a, &node.name).as_deref(),
@@ -803,7 +803,7 @@ fn a_hung_eviction_request_is_bounded_by_the_drain_timeout() {
 
 #[test]
 fn a_hung_node_patch_times_out_is_reported_and_retried() {
-    // --api-timeout-secs 2: the hung patch (the `applying` state) fails after 2 s.
+    // --api-timeout 2s: the hung patch (the `applying` state) fails after 2 s.
     let (api, node) = drain_with_fault("gpu-hang-patch", Verb::Patch, "nodes", 1, Fault::Hang);
     let applied = api.wait_until(Duration::from_secs(30), |a| {
         is_applied(a, &node.name, &profile_text("h100-inference"))
@@ -881,7 +881,7 @@ fn a_cordon_made_by_someone_else_is_left_alone() {
     api.modify::<k8s_openapi::api::core::v1::Node>(None, &node.name, |n| {
         n.spec.get_or_insert_with(Default::default).unschedulable = Some(true);
     });
-    node.start_agent(&[], &[]); // --resync-secs 2
+    node.start_agent(&[], &[]); // --resync-period 2s
     api.set_node_label(&node.name, PROFILE_LABEL, Some("homelab-timeslice"));
     wait_applied(&api, &node, "homelab-timeslice", Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(2500)); // a resync

@@ -19,7 +19,7 @@ fn a_restarted_agent_reports_the_nodes_state_before_any_change() {
 
     node.kill_agent();
     // A long resync: nothing but the start-up reconcile runs before the scrape.
-    node.start_agent(&["--resync-secs", "300"], &[]);
+    node.start_agent(&["--resync-period", "300s"], &[]);
     let mut text = String::new();
     let reported = poll(Duration::from_secs(20), Duration::from_millis(50), || {
         text = http_port_of(&node)

@@ -105,7 +105,7 @@ fn idle_agent(env: &[(&str, &str)], cache: PageCache) -> (Idle, String) {
     api.set_node_label(&node.name, PROFILE_LABEL, Some(TS[0]));
     let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.to_string())).collect();
     let cache_note = prepare_page_cache(cache);
-    node.start_agent(&["--resync-secs", "300"], &env);
+    node.start_agent(&["--resync-period", "300s"], &env);
     wait_applied_text(&api, &node, &texts[0], Duration::from_secs(60), TS[0]);
     std::thread::sleep(IDLE);
     let (rss, _) = node.agent_memory_kb();
@@ -190,7 +190,7 @@ fn memory_run(reconciles: usize, what: &str) {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     api.set_node_label(&node.name, PROFILE_LABEL, Some(TS[0]));
-    node.start_agent(&["--resync-secs", "300", "--listen", &listen], &[]);
+    node.start_agent(&["--resync-period", "300s", "--listen", &listen], &[]);
     wait_applied_text(&api, &node, &texts[0], Duration::from_secs(60), TS[0]);
     std::thread::sleep(IDLE);
     let (idle_rss, idle_hwm) = node.agent_memory_kb();

@@ -311,7 +311,7 @@ fn round(world: &World, dry_run: bool) -> anyhow::Result<Round> {
             status_configmap: args.status_configmap,
             identity,
             plugin: args.plugin,
-            max_changing: args.max_changing_nodes.max(1),
+            max_changing: args.max_concurrent_drains.max(1),
             dry_run: args.dry_run,
         },
     })

@@ -89,7 +89,7 @@ fn serve(world: &sim::World) -> anyhow::Result<()> {
     println!(
         "  kubectl run medium-0 --image=x --overrides='{{\"spec\":{{\"containers\":[{{\"name\":\"medium-0\",\"image\":\"x\",\"resources\":{{\"limits\":{{\"nvidia.com/mig-3g.40gb\":\"1\"}}}}}}]}}}}'"
     );
-    println!("  cargo run --release -p gpu-share -- autopilot --plugin builtin --debounce-seconds 1 --dry-run   # then without --dry-run");
+    println!("  cargo run --release -p gpu-share -- autopilot --plugin builtin --debounce 1s --dry-run   # then without --dry-run");
     println!("  kubectl -n gpu-share get configmap gpu-share-autopilot-status -o jsonpath='{{.data.status\\.yaml}}'");
     println!("agent log: {}", world.agent_log.display());
     println!("Ctrl-C stops it all.");

@@ -65,7 +65,7 @@ agent() {
     FAKE_NVML_STATE="$W/nvml.json" GPU_SHARE_STATE_DIR="$W/state" \
     GPU_SHARE_PLUGIN_CONFIG="$W/plugin/config.yaml" GPU_SHARE_PLUGIN_RELOAD=none \
     GPU_SHARE_MPS_ROOT="$W/mps" GPU_SHARE_HOST_ROOT="$W/host" GPU_SHARE_LISTEN="127.0.0.1:$port" \
-    RUST_LOG=info "$BIN" agent --resync-secs 300 "$@" > "$W/agent-$port.log" 2>&1 &
+    RUST_LOG=info "$BIN" agent --resync-period 300s "$@" > "$W/agent-$port.log" 2>&1 &
   sleep 3
 }
 stop_agent() { pkill -f "$BIN agent"; sleep 2; $K label node "$NODE" gpu-share.dev/profile- >/dev/null 2>&1; }

@@ -103,7 +103,7 @@ impl Reconciler {
                         "profile {key} is applied but after {} the node does not advertise it: \
                          {last} (is the device plugin running? kubectl describe node shows its \
                          allocatable)",
-                        humantime::format_duration(timeout)
+                        crate::duration::show(timeout)
                     ),
                 });
             }

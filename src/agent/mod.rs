@@ -8,6 +8,7 @@
 
 pub mod advertisement;
 pub mod allocatable;
+mod args;
 pub mod device_health;
 pub mod devices_in_use;
 mod dra;
@@ -22,8 +23,6 @@ pub mod pods;
 pub mod readvertised;
 pub mod reconcile;
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,14 +36,11 @@ use kube::{Api, Resource};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::apply::{ApplyOptions, DevicePluginOutput};
 use crate::builtin_plugin::{Inventory, ManagerSettings, PluginManager};
-use crate::device_plugin::SignalTarget;
 use crate::doctor::{self, DoctorOptions, Status};
 use crate::dra::api::ResourceSlice;
 use crate::dra::kubelet_plugin::{Inputs as DraInputs, KubeletPlugin, Settings as DraSettings};
 use crate::gpu::SharedGpus;
-use crate::mps::daemon::{self, MpsSettings};
 use crate::sharing::PluginKind;
 use drain::DrainSettings;
 use http::Health;
@@ -52,211 +48,7 @@ use lease::DrainSlots;
 use metrics::Metrics;
 use reconcile::{Desired, Outcome, Reconciler};
 
-/// The agent's configuration: flags, each with an environment variable for the DaemonSet.
-#[derive(clap::Args, Debug, Clone)]
-pub struct AgentArgs {
-    /// This node's name (downward API `spec.nodeName`).
-    #[arg(long, env = "NODE_NAME")]
-    pub node_name: String,
-    /// The agent's namespace: the profiles ConfigMap and the drain Leases live here.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-share")]
-    pub namespace: String,
-    /// The ConfigMap whose keys are profiles.
-    #[arg(
-        long,
-        env = "GPU_SHARE_CONFIGMAP",
-        default_value = "gpu-share-profiles"
-    )]
-    pub configmap: String,
-    /// The NVML library (default: the system's libnvidia-ml.so.1).
-    #[arg(long, env = "GPU_SHARE_NVML_LIB")]
-    pub nvml_lib: Option<PathBuf>,
-    /// Where the crash-safety journal is kept (a hostPath, so it survives the pod).
-    #[arg(
-        long,
-        env = "GPU_SHARE_STATE_DIR",
-        default_value = "/var/lib/gpu-share"
-    )]
-    pub state_dir: PathBuf,
-    /// The device plugin's config file (shared with the plugin container).
-    #[arg(long, env = "GPU_SHARE_PLUGIN_CONFIG")]
-    pub plugin_config: Option<PathBuf>,
-    /// How the plugin reloads a new config: `signal` (SIGHUP to --plugin-process or
-    /// --plugin-pid-file), `restart` (delete its pod on this node, selected by
-    /// --plugin-pod-selector) or `none`.
-    #[arg(long, env = "GPU_SHARE_PLUGIN_RELOAD", value_enum, default_value_t = Reload::Signal)]
-    pub plugin_reload: Reload,
-    #[arg(
-        long,
-        env = "GPU_SHARE_PLUGIN_PROCESS",
-        default_value = "nvidia-device-plugin"
-    )]
-    pub plugin_process: String,
-    /// This agent's pod UID (downward API `metadata.uid`): the plugin found by
-    /// --plugin-process is signalled only when it runs in this pod, never another pod's plugin
-    /// (the GPU Operator's, say) that hostPID also shows. Unset: any process of that name.
-    #[arg(long, env = "POD_UID")]
-    pub pod_uid: Option<String>,
-    #[arg(long, env = "GPU_SHARE_PLUGIN_PID_FILE")]
-    pub plugin_pid_file: Option<PathBuf>,
-    #[arg(
-        long,
-        env = "GPU_SHARE_PLUGIN_POD_SELECTOR",
-        default_value = "app=nvidia-device-plugin-daemonset"
-    )]
-    pub plugin_pod_selector: String,
-    /// Host /proc (hostPID): process names for the reload signal, pod cgroups for the drain.
-    #[arg(long, env = "GPU_SHARE_PROC_ROOT", default_value = "/proc")]
-    pub proc_root: PathBuf,
-    /// The kubelet's PodResources socket: the drain also evicts the pods it lists as holding a
-    /// device that goes away, running on it or not. Unreachable: a warning, and only pods with
-    /// processes on those devices are drained.
-    #[arg(long, env = "GPU_SHARE_POD_RESOURCES_SOCKET",
-          default_value = crate::kubelet::pod_resources::DEFAULT_SOCKET)]
-    pub pod_resources_socket: PathBuf,
-    /// The MPS control binary and the MPS root shared with the plugin.
-    #[arg(long, env = "GPU_SHARE_MPS_CONTROL", default_value = daemon::DEFAULT_CONTROL_BINARY)]
-    pub mps_control: PathBuf,
-    #[arg(long, env = "GPU_SHARE_MPS_ROOT", default_value = daemon::DEFAULT_ROOT)]
-    pub mps_root: PathBuf,
-    /// At most this many nodes drain at once, fleet-wide (coordination.k8s.io Leases).
-    #[arg(long, env = "GPU_SHARE_MAX_DRAINS", default_value_t = 1)]
-    pub max_concurrent_drains: u32,
-    /// Give up a drain (state failed, node uncordoned) after this many seconds.
-    #[arg(long, env = "GPU_SHARE_DRAIN_TIMEOUT", default_value_t = 600)]
-    pub drain_timeout_secs: u64,
-    /// Evict GPU pods that no controller owns. Off by default, as `kubectl drain` refuses them
-    /// without --force: evicted, a bare pod is gone for good; the agent waits in `blocked`,
-    /// naming it, until it is deleted or this is set.
-    #[arg(long, env = "GPU_SHARE_EVICT_BARE_PODS")]
-    pub evict_bare_pods: bool,
-    /// Evict GPU pods that use emptyDir volumes, whose data goes with them. Off by default, as
-    /// `kubectl drain` refuses them without the option of the same name.
-    #[arg(long, env = "GPU_SHARE_DELETE_EMPTYDIR_DATA")]
-    pub delete_emptydir_data: bool,
-    /// First wait after a refused eviction (HTTP 429); doubles up to 30 s.
-    #[arg(long, default_value_t = 1000)]
-    pub eviction_backoff_ms: u64,
-    /// Drain-slot lease duration in seconds (renewed every third of it).
-    #[arg(long, default_value_t = 60)]
-    pub lease_duration_secs: u64,
-    /// Re-check a matching node this often (MPS daemons, plugin config), in seconds.
-    #[arg(long, default_value_t = 300)]
-    pub resync_secs: u64,
-    /// Give up an API request (other than a watch) that has not answered for this many
-    /// seconds; the reconcile then fails and is retried with backoff.
-    #[arg(long, env = "GPU_SHARE_API_TIMEOUT", default_value_t = 30,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    pub api_timeout_secs: u64,
-    /// After an apply, wait this long for the Node's allocatable to show what the plan
-    /// advertises before publishing `success` (`30s`, `2m`); past it the reconcile fails with
-    /// reason AllocatableMismatch, naming each resource's expected and seen counts, and is
-    /// retried. `0s`: do not wait. Not used with `--plugin dra` (no extended resources).
-    #[arg(long, env = "GPU_SHARE_ALLOCATABLE_TIMEOUT", default_value = "2m",
-          value_parser = humantime::parse_duration)]
-    pub allocatable_timeout: Duration,
-    /// /healthz, /readyz and /metrics.
-    #[arg(long, env = "GPU_SHARE_LISTEN", default_value = "0.0.0.0:9464")]
-    pub listen: SocketAddr,
-    /// The host's root as mounted in the pod, for the start-up driver and NVML checks.
-    #[arg(long, env = "GPU_SHARE_HOST_ROOT", default_value = "/")]
-    pub host_root: PathBuf,
-    /// Which device plugin advertises the GPUs: `nvidia` (the stock plugin, through
-    /// --plugin-config), `builtin` (served by this agent on the kubelet's device-plugin
-    /// sockets; for profiles the stock plugin cannot express) or `dra` (this agent publishes
-    /// the node's devices as resource.k8s.io/v1 ResourceSlices; docs/dra.md).
-    #[arg(long, env = "GPU_SHARE_PLUGIN", value_enum, default_value_t = PluginKind::Nvidia)]
-    pub plugin: PluginKind,
-    /// builtin: the kubelet's device-plugin directory (kubelet.sock and the plugin sockets).
-    #[arg(long, env = "GPU_SHARE_DEVICE_PLUGIN_DIR", default_value = crate::builtin_plugin::DEFAULT_DIR)]
-    pub device_plugin_dir: PathBuf,
-    /// builtin: how often device health is read from NVML, in milliseconds.
-    #[arg(long, default_value_t = 5000, hide = true)]
-    pub plugin_health_ms: u64,
-    /// builtin: how often kubelet.sock is checked for a kubelet restart, in milliseconds.
-    #[arg(long, default_value_t = 1000, hide = true)]
-    pub kubelet_poll_ms: u64,
-    /// builtin: how Allocate names the devices, comma-separated as NVIDIA's plugin takes it:
-    /// `envvar` (NVIDIA_VISIBLE_DEVICES), `cdi-cri` (CDI names in the CRI field), `cdi-annotations`.
-    /// dra: `cdi-cri` adds `<cdi kind>=<uuid>` to each prepared device's CDI IDs, and without
-    /// `envvar` the claim's CDI spec sets no NVIDIA_VISIBLE_DEVICES.
-    #[arg(
-        long,
-        env = "GPU_SHARE_DEVICE_LIST_STRATEGY",
-        value_enum,
-        value_delimiter = ',',
-        default_value = "envvar"
-    )]
-    pub device_list_strategy: Vec<crate::builtin_plugin::DeviceListStrategy>,
-    /// builtin, dra: the CDI kind of the device names (`<kind>=<uuid>`); the default is the kind
-    /// `nvidia-ctk cdi generate` writes.
-    #[arg(long, env = "GPU_SHARE_CDI_KIND", default_value = crate::builtin_plugin::cdi::DEFAULT_KIND,
-          value_parser = crate::builtin_plugin::cdi::parse_kind)]
-    pub cdi_kind: String,
-    /// builtin: the key prefix of the `cdi-annotations` annotation.
-    #[arg(long, env = "GPU_SHARE_CDI_ANNOTATION_PREFIX",
-          default_value = crate::builtin_plugin::cdi::DEFAULT_ANNOTATION_PREFIX,
-          value_parser = crate::builtin_plugin::cdi::parse_annotation_prefix)]
-    pub cdi_annotation_prefix: String,
-    /// builtin: a command run after each apply that changed the MIG layout (and once after the
-    /// agent starts), before the new devices are advertised, so the CDI spec names the new MIG
-    /// devices; split on whitespace. E.g. `nvidia-ctk cdi generate
-    /// --output=/var/run/cdi/nvidia.yaml --device-name-strategy=uuid`.
-    #[arg(long, env = "GPU_SHARE_CDI_REFRESH_COMMAND", value_name = "COMMAND")]
-    pub cdi_refresh_command: Option<String>,
-    /// dra: the kubelet's plugin-registration directory, where the DRA plugin's registration
-    /// socket (`gpu.gpu-share.dev-reg.sock`) goes.
-    #[arg(long, env = "GPU_SHARE_DRA_REGISTRATION_DIR",
-          default_value = crate::dra::kubelet_plugin::DEFAULT_REGISTRATION_DIR)]
-    pub dra_registration_dir: PathBuf,
-    /// dra: the driver's directory: the DRA socket (`dra.sock`) and the prepared claims'
-    /// checkpoint.
-    #[arg(long, env = "GPU_SHARE_DRA_PLUGIN_DIR",
-          default_value = crate::dra::kubelet_plugin::DEFAULT_PLUGIN_DIR)]
-    pub dra_plugin_dir: PathBuf,
-    /// dra: where the CDI spec of each prepared claim is written (the runtime's CDI spec dir).
-    #[arg(long, env = "GPU_SHARE_CDI_ROOT",
-          default_value = crate::dra::kubelet_plugin::DEFAULT_CDI_ROOT)]
-    pub cdi_root: PathBuf,
-}
-
-/// How the device plugin picks up a new config.
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reload {
-    Signal,
-    Restart,
-    None,
-}
-
-impl AgentArgs {
-    fn apply_options(&self) -> ApplyOptions {
-        let reload = match self.plugin_reload {
-            Reload::Signal => Some(match &self.plugin_pid_file {
-                Some(f) => SignalTarget::PidFile(f.clone()),
-                None => SignalTarget::ProcessName {
-                    name: self.plugin_process.clone(),
-                    proc_root: self.proc_root.clone(),
-                    pod_uid: self.pod_uid.clone(),
-                },
-            }),
-            Reload::Restart | Reload::None => None,
-        };
-        ApplyOptions {
-            state_dir: self.state_dir.clone(),
-            force: false,
-            device_plugin: self.plugin_config.as_ref().map(|p| DevicePluginOutput {
-                config_path: p.clone(),
-                reload,
-            }),
-            mps: MpsSettings {
-                control_binary: self.mps_control.clone(),
-                root: self.mps_root.clone(),
-                ..MpsSettings::default()
-            },
-            plugin: self.plugin,
-        }
-    }
-}
+pub use args::{AgentArgs, Reload};
 
 /// The agent's tokio runtime: one thread for all of its async work (the two watches, the
 /// reconcile loop, the HTTP endpoints, lease renewals), which waits on the network nearly all
@@ -297,7 +89,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     // request goes through a client whose reads time out, so a request the API server never
     // answers fails like any other API error instead of stalling the reconcile loop.
     let watch_client = kube::Client::try_from(config.clone())?;
-    let config = short_request_config(config, Duration::from_secs(args.api_timeout_secs));
+    let config = short_request_config(config, args.api_timeout);
     let client = kube::Client::try_from(config.clone())?;
     // kube's default client retries 429s by itself (up to 15 times): evictions refused by a
     // PodDisruptionBudget must come back to the drain loop, which owns their backoff, timeout
@@ -369,13 +161,13 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             &args.namespace,
             &args.node_name,
             args.max_concurrent_drains,
-            Duration::from_secs(args.lease_duration_secs),
+            args.lease_duration,
         ),
         drain: DrainSettings {
-            timeout: Duration::from_secs(args.drain_timeout_secs),
+            timeout: args.drain_timeout,
             proc_root: args.proc_root.clone(),
             pod_resources_socket: args.pod_resources_socket.clone(),
-            backoff: Duration::from_millis(args.eviction_backoff_ms),
+            backoff: args.eviction_backoff,
             max_backoff: Duration::from_secs(30),
             evict_bare_pods: args.evict_bare_pods,
             delete_emptydir_data: args.delete_emptydir_data,
@@ -391,8 +183,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                 dir: args.device_plugin_dir.clone(),
                 gpus,
                 faults: faults.clone(),
-                health_interval: Duration::from_millis(args.plugin_health_ms),
-                kubelet_poll: Duration::from_millis(args.kubelet_poll_ms),
+                health_interval: args.plugin_health_interval,
+                kubelet_poll: args.kubelet_poll_interval,
                 device_listing,
             })
         }),
@@ -504,7 +296,7 @@ pub(crate) fn short_request_config(mut config: kube::Config, limit: Duration) ->
 /// The driver and NVML layers of `gpu-share doctor`, reported as an Event and in /readyz.
 async fn start_up_checks(args: &AgentArgs, reconciler: &Reconciler) -> Result<(), String> {
     let options = DoctorOptions {
-        root: args.host_root.clone(),
+        host_root: args.host_root.clone(),
         ..DoctorOptions::default()
     };
     let lib = args.nvml_lib.clone();
@@ -695,7 +487,7 @@ async fn reconcile_loop(
     }
     set_readiness(health, &doctor, None);
     let cms: Api<ConfigMap> = Api::namespaced(reconciler.client.clone(), &args.namespace);
-    let resync = Duration::from_secs(args.resync_secs);
+    let resync = args.resync_period;
     let mut last: Option<Desired> = None;
     let mut retry = Duration::from_secs(5);
     let mut next_run = tokio::time::Instant::now();

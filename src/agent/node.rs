@@ -170,7 +170,7 @@ pub fn describe(e: &kube::Error) -> String {
         source = cause.source();
     }
     if timed_out {
-        text.push_str(" (no answer within the API timeout, --api-timeout-secs)");
+        text.push_str(" (no answer within the API timeout, --api-timeout)");
     }
     text
 }

@@ -26,6 +26,7 @@ use kube::Api;
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
+use crate::duration;
 use crate::sharing::PluginKind;
 use leader::Leader;
 use round::{Round, Settings, OPT_IN_SELECTOR};
@@ -37,42 +38,53 @@ pub struct AutopilotArgs {
     #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-share")]
     pub namespace: String,
     /// The agents' profiles ConfigMap; the autopilot writes only its `advised-<node>` keys.
-    #[arg(long, default_value = "gpu-share-profiles")]
+    #[arg(
+        long,
+        env = "GPU_SHARE_CONFIGMAP",
+        default_value = "gpu-share-profiles"
+    )]
     pub configmap: String,
     /// What it did or would do, under the key `status.yaml`.
-    #[arg(long, default_value = "gpu-share-autopilot-status")]
+    #[arg(
+        long,
+        env = "GPU_SHARE_STATUS_CONFIGMAP",
+        default_value = "gpu-share-autopilot-status"
+    )]
     pub status_configmap: String,
     /// The leader-election Lease: one active replica.
-    #[arg(long, default_value = "gpu-share-autopilot")]
+    #[arg(long, env = "GPU_SHARE_LEASE", default_value = "gpu-share-autopilot")]
     pub lease: String,
     /// This replica's identity in the Lease (default: the host name).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
-    /// How long a Lease outlives its last renewal (renewed every third of it).
-    #[arg(long, default_value_t = 15)]
-    pub lease_duration_seconds: u64,
+    /// How long a Lease outlives its last renewal (renewed every third of it; 1s to 1h).
+    #[arg(long, env = "GPU_SHARE_LEASE_DURATION", default_value = "15s",
+          alias = "lease-duration-seconds", value_parser = duration::lease_duration)]
+    pub lease_duration: Duration,
     /// Publish Events and the status ConfigMap only; never write profiles or node labels.
-    #[arg(long)]
+    #[arg(long, env = "GPU_SHARE_DRY_RUN")]
     pub dry_run: bool,
     /// The device plugin the nodes run.
     #[arg(long, env = "GPU_SHARE_PLUGIN", value_enum, default_value_t = PluginKind::Nvidia)]
     pub plugin: PluginKind,
     /// Advise runs this long after the last pod/node change (at most 6× this after the first,
     /// so steady churn cannot postpone it for ever).
-    #[arg(long, default_value_t = 10.0)]
-    pub debounce_seconds: f64,
-    /// The fleet drain budget: never more nodes relabelled and not yet settled than this.
-    #[arg(long, env = "GPU_SHARE_MAX_DRAINS", default_value_t = 1)]
-    pub max_changing_nodes: u32,
+    #[arg(long, env = "GPU_SHARE_DEBOUNCE", default_value = "10s",
+          alias = "debounce-seconds", value_parser = duration::secs_or_duration)]
+    pub debounce: Duration,
+    /// The fleet drain budget, the agents' own (same flag, same variable): never more nodes
+    /// relabelled and not yet settled than this.
+    #[arg(
+        long,
+        env = "GPU_SHARE_MAX_DRAINS",
+        default_value_t = 1,
+        alias = "max-changing-nodes"
+    )]
+    pub max_concurrent_drains: u32,
 }
 
-/// `--debounce-seconds` at most: an hour of quiet before acting is already no autopilot.
-pub const MAX_DEBOUNCE_SECONDS: f64 = 3600.0;
-/// `--lease-duration-seconds` bounds: renewed every third of it; 0 would be a Lease that has
-/// always lapsed, and over an hour a dead leader holds the fleet up longer than a rollout
-/// takes. The Lease's `leaseDurationSeconds` is an int32: an unbounded flag would wrap to a
-/// negative duration that every other replica reads as lapsed (two leaders).
-pub const LEASE_SECONDS: std::ops::RangeInclusive<u64> = 1..=3600;
+/// `--debounce` at most: an hour of quiet before acting is already no autopilot.
+pub const MAX_DEBOUNCE: Duration = Duration::from_secs(3600);
 
 /// Refuse flags outside their bounds (docs/autopilot.md, "Bounds"), each naming the flag.
 pub fn check_args(args: &AutopilotArgs) -> anyhow::Result<()> {
@@ -83,18 +95,14 @@ pub fn check_args(args: &AutopilotArgs) -> anyhow::Result<()> {
              plugin only (docs/autopilot.md)"
         );
     }
-    if !(0.0..=MAX_DEBOUNCE_SECONDS).contains(&args.debounce_seconds) {
+    // `--lease-duration`'s bounds are its parser's (`duration::lease_duration`): 0 would be a
+    // Lease that has always lapsed, and its `leaseDurationSeconds` is an int32 that an
+    // unbounded flag would wrap to a negative duration every other replica reads as lapsed.
+    if args.debounce > MAX_DEBOUNCE {
         anyhow::bail!(
-            "--debounce-seconds {}: must be between 0 and {MAX_DEBOUNCE_SECONDS}",
-            args.debounce_seconds
-        );
-    }
-    if !LEASE_SECONDS.contains(&args.lease_duration_seconds) {
-        anyhow::bail!(
-            "--lease-duration-seconds {}: must be between {} and {}",
-            args.lease_duration_seconds,
-            LEASE_SECONDS.start(),
-            LEASE_SECONDS.end()
+            "--debounce {}: must be at most {}",
+            duration::show(args.debounce),
+            duration::show(MAX_DEBOUNCE)
         );
     }
     Ok(())
@@ -123,7 +131,7 @@ pub async fn run(args: AutopilotArgs) -> anyhow::Result<()> {
         &args.namespace,
         &args.lease,
         &identity,
-        Duration::from_secs(args.lease_duration_seconds),
+        args.lease_duration,
     );
     // One SIGTERM listener for the whole run: a listener made afresh each loop would miss a
     // signal that arrives during a round (advise runs off this thread, so the runtime takes
@@ -151,17 +159,17 @@ pub async fn run(args: AutopilotArgs) -> anyhow::Result<()> {
             status_configmap: args.status_configmap.clone(),
             identity,
             plugin: args.plugin,
-            max_changing: args.max_changing_nodes.max(1),
+            max_changing: args.max_concurrent_drains.max(1),
             dry_run: args.dry_run,
         },
     };
-    if args.max_changing_nodes == 0 {
-        warn!("--max-changing-nodes 0 would never change a node; using 1");
+    if args.max_concurrent_drains == 0 {
+        warn!("--max-concurrent-drains 0 would never change a node; using 1");
     }
-    let debounce = Duration::from_secs_f64(args.debounce_seconds);
+    let debounce = args.debounce;
     info!(
         dry_run = args.dry_run,
-        max_changing_nodes = args.max_changing_nodes,
+        max_concurrent_drains = args.max_concurrent_drains,
         "autopilot running"
     );
     loop {
@@ -272,21 +280,21 @@ mod tests {
     #[test]
     fn flags_outside_their_bounds_are_refused_naming_the_flag() {
         assert_eq!(check(&["--plugin", "nvidia"]), Ok(()));
-        let e = check(&["--lease-duration-seconds", "0"]).unwrap_err();
-        assert_eq!(e, "--lease-duration-seconds 0: must be between 1 and 3600");
+        let e = check(&["--lease-duration", "0s"]).unwrap_err();
+        assert!(
+            e.contains("--lease-duration") && e.contains("from 1s to 1h"),
+            "{e}"
+        );
         // An int32 Lease field: 2^32 + 1 would have been written as 1, 2^31 as negative.
-        let e = check(&["--lease-duration-seconds", "2147483648"]).unwrap_err();
+        let e = check(&["--lease-duration", "2147483648s"]).unwrap_err();
+        assert!(e.contains("from 1s to 1h"), "{e}");
+        let e = check(&["--debounce", "NaN"]).unwrap_err();
         assert!(
-            e.starts_with("--lease-duration-seconds 2147483648: must be"),
+            e.contains("--debounce") && e.contains("not a duration"),
             "{e}"
         );
-        let e = check(&["--debounce-seconds", "NaN"]).unwrap_err();
-        assert!(
-            e.starts_with("--debounce-seconds NaN: must be between 0 and 3600"),
-            "{e}"
-        );
-        let e = check(&["--debounce-seconds", "1e9"]).unwrap_err();
-        assert!(e.contains("must be between 0 and 3600"), "{e}");
+        let e = check(&["--debounce", "2h"]).unwrap_err();
+        assert_eq!(e, "--debounce 2h: must be at most 1h");
         let e = check(&["--plugin", "dra"]).unwrap_err();
         assert!(e.starts_with("--plugin dra"), "{e}");
     }

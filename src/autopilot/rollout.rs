@@ -99,7 +99,7 @@ pub struct RolloutInput<'a> {
     pub profiles: &'a BTreeMap<String, String>,
     /// Holders of fleet drain slot Leases (node names), lapsed ones left out.
     pub drain_holders: &'a BTreeSet<String>,
-    /// `--max-changing-nodes`.
+    /// `--max-concurrent-drains`.
     pub max_changing: u32,
     pub pdbs: &'a [Budget],
     /// Every pod's labels, by `namespace/name`.

@@ -1,6 +1,8 @@
 //! The `gpu-share` command line. Each subcommand reads its inputs, calls the pure core and
 //! prints the result as text for people or JSON/YAML for scripts.
 
+#[cfg(test)]
+mod command_tree;
 mod logging;
 mod render;
 
@@ -104,9 +106,9 @@ enum MpsCommand {
 
 #[derive(Args, Debug)]
 struct MountShmArgs {
-    /// The MPS root: the tmpfs goes at <root>/shm.
-    #[arg(long, env = "GPU_SHARE_MPS_ROOT", default_value = daemon::DEFAULT_ROOT)]
-    root: PathBuf,
+    /// The MPS root (the agent's --mps-root): the tmpfs goes at <root>/shm.
+    #[arg(long, env = "GPU_SHARE_MPS_ROOT", default_value = daemon::DEFAULT_ROOT, alias = "root")]
+    mps_root: PathBuf,
     /// Where /proc is: meminfo sizes the tmpfs, self/mountinfo tells whether it is mounted.
     #[arg(long, default_value = "/proc")]
     proc_root: PathBuf,
@@ -132,10 +134,11 @@ struct NvmlArgs {
 #[derive(Args, Debug)]
 struct ApplyArgs {
     /// The profile: a profile file, or a ConfigMap file (then pick the key with --key).
-    /// Without it, an interrupted apply is resumed from the journal.
+    /// Required unless --resume rolls an interrupted apply forward.
     #[arg(long, required_unless_present = "resume")]
     profile: Option<PathBuf>,
-    #[arg(long)]
+    /// Which ConfigMap key of --profile, when it holds more than one.
+    #[arg(long, requires = "profile")]
     key: Option<String>,
     /// Roll an interrupted apply forward to the profile its journal names.
     #[arg(long, conflicts_with = "profile")]
@@ -447,7 +450,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Mps(MpsCommand::MountShm(args)) => {
-            match crate::mps::shm::mount_shm(&args.root, &args.proc_root) {
+            match crate::mps::shm::mount_shm(&args.mps_root, &args.proc_root) {
                 Ok(outcome) => {
                     println!("{outcome}");
                     Ok(ExitCode::SUCCESS)

@@ -55,7 +55,7 @@ pub(super) fn check(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
             return Check::failed(
                 NAME,
                 format!("cannot read {}: {e}", path.display()),
-                "run the doctor as root, or with the host's /proc mounted (--root)",
+                "run the doctor as root, or with the host's /proc mounted (--host-root)",
             )
         }
     };

@@ -8,7 +8,7 @@
 //! walk: the layers above it are reported as not checked, since their failures would only echo
 //! it.
 //!
-//! Everything is read from files under `--root` (default `/`), so tests point the doctor at a
+//! Everything is read from files under `--host-root` (default `/`), so tests point the doctor at a
 //! fixture tree, and the NVML library is the one `--nvml-lib` names.
 //!
 //! `--plugin` (env `GPU_SHARE_PLUGIN`, as the agent's) says which device plugin advertises the

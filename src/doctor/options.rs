@@ -1,4 +1,4 @@
-//! The doctor's options and the paths they resolve to: every default under `--root`, a path
+//! The doctor's options and the paths they resolve to: every default under `--host-root`, a path
 //! given with its own flag as written.
 
 use std::path::{Path, PathBuf};
@@ -13,8 +13,8 @@ Exit codes:
   1  a layer failed; the layers above it were not checked
   2  bad usage or an internal error (unreadable --profile, bad --cuda, ...)
 
-Paths: every default path is resolved under --root (default /); a path given with its own
-flag is used as written. Example: gpu-share doctor --root /host --profile profile.yaml --cuda 12.4";
+Paths: every default path is resolved under --host-root (default /); a path given with its own
+flag is used as written. Example: gpu-share doctor --host-root /host --profile profile.yaml --cuda 12.4";
 
 /// The doctor's command-line options (the CLI adds `--nvml-lib` and `--output`).
 #[derive(clap::Args, Debug, Clone)]
@@ -35,9 +35,17 @@ pub struct DoctorOptions {
     /// device plugin serving the same GPUs).
     #[arg(long, env = "GPU_SHARE_PLUGIN", value_enum, default_value_t = PluginKind::Nvidia)]
     pub plugin: PluginKind,
-    /// Resolve every default path below under DIR (e.g. the host's root mounted in a pod).
-    #[arg(long, value_name = "DIR", default_value = "/", help_heading = "Paths")]
-    pub root: PathBuf,
+    /// Resolve every default path below under DIR (e.g. the host's root mounted in a pod; the
+    /// agent's --host-root).
+    #[arg(
+        long,
+        env = "GPU_SHARE_HOST_ROOT",
+        value_name = "DIR",
+        default_value = "/",
+        alias = "root",
+        help_heading = "Paths"
+    )]
+    pub host_root: PathBuf,
     /// The kernel module's version file [default: /proc/driver/nvidia/version].
     #[arg(long, value_name = "FILE", help_heading = "Paths")]
     pub driver_version_file: Option<PathBuf>,
@@ -54,9 +62,15 @@ pub struct DoctorOptions {
     /// [default: /etc/containerd/config.toml; k3s: /var/lib/rancher/k3s/agent/etc/containerd/config.toml].
     #[arg(long, value_name = "FILE", help_heading = "Paths")]
     pub containerd_config: Option<PathBuf>,
-    /// Where CDI specs are; repeat for several [default: /etc/cdi and /var/run/cdi].
-    #[arg(long = "cdi-dir", value_name = "DIR", help_heading = "Paths")]
-    pub cdi_dirs: Vec<PathBuf>,
+    /// Where CDI specs are (the agent's --cdi-root); repeat for several
+    /// [default: /etc/cdi and /var/run/cdi].
+    #[arg(
+        long = "cdi-root",
+        value_name = "DIR",
+        alias = "cdi-dir",
+        help_heading = "Paths"
+    )]
+    pub cdi_roots: Vec<PathBuf>,
     /// The kubelet's device-plugin directory [default: /var/lib/kubelet/device-plugins].
     #[arg(long, value_name = "DIR", help_heading = "Paths")]
     pub device_plugin_dir: Option<PathBuf>,
@@ -69,7 +83,7 @@ pub struct DoctorOptions {
     #[arg(long, value_name = "FILE", help_heading = "Paths")]
     pub pod_resources_socket: Option<PathBuf>,
     /// The MPS control daemon binary: a path (used as written), or a name searched on PATH,
-    /// each directory under --root [default: nvidia-cuda-mps-control].
+    /// each directory under --host-root [default: nvidia-cuda-mps-control].
     #[arg(long, value_name = "PATH", help_heading = "Paths")]
     pub mps_control: Option<PathBuf>,
     /// The MPS root; with --plugin builtin and an MPS profile, <DIR>/shm must be a tmpfs mount
@@ -77,7 +91,7 @@ pub struct DoctorOptions {
     #[arg(long, value_name = "DIR", help_heading = "Paths")]
     pub mps_root: Option<PathBuf>,
     /// The mount table that says whether <mps root>/shm is mounted; its mount points are as the
-    /// doctor's own process sees them, so with --root they include the root
+    /// doctor's own process sees them, so with --host-root they include the root
     /// [default: /proc/self/mountinfo].
     #[arg(long, value_name = "FILE", help_heading = "Paths")]
     pub mountinfo: Option<PathBuf>,
@@ -90,13 +104,13 @@ impl Default for DoctorOptions {
             key: None,
             cuda: None,
             plugin: PluginKind::Nvidia,
-            root: PathBuf::from("/"),
+            host_root: PathBuf::from("/"),
             driver_version_file: None,
             dev_dir: None,
             tegra_release: None,
             device_tree: None,
             containerd_config: None,
-            cdi_dirs: Vec::new(),
+            cdi_roots: Vec::new(),
             device_plugin_dir: None,
             dra_registration_dir: None,
             pod_resources_socket: None,
@@ -107,7 +121,7 @@ impl Default for DoctorOptions {
     }
 }
 
-/// The paths the doctor reads, defaults resolved under `--root`.
+/// The paths the doctor reads, defaults resolved under `--host-root`.
 #[derive(Debug, Clone)]
 pub(super) struct Paths {
     pub(super) root: PathBuf,
@@ -127,7 +141,7 @@ pub(super) struct Paths {
 
 impl Paths {
     pub(super) fn new(o: &DoctorOptions) -> Self {
-        let root = o.root.clone();
+        let root = o.host_root.clone();
         let pick = |given: &Option<PathBuf>, default: &str| {
             given
                 .clone()
@@ -139,13 +153,13 @@ impl Paths {
             tegra_release: pick(&o.tegra_release, "/etc/nv_tegra_release"),
             device_tree: pick(&o.device_tree, "/proc/device-tree"),
             containerd_config: pick(&o.containerd_config, "/etc/containerd/config.toml"),
-            cdi_dirs: if o.cdi_dirs.is_empty() {
+            cdi_dirs: if o.cdi_roots.is_empty() {
                 vec![
                     under(&root, Path::new("/etc/cdi")),
                     under(&root, Path::new("/var/run/cdi")),
                 ]
             } else {
-                o.cdi_dirs.clone()
+                o.cdi_roots.clone()
             },
             device_plugin_dir: pick(&o.device_plugin_dir, "/var/lib/kubelet/device-plugins"),
             dra_registration_dir: pick(
@@ -203,7 +217,7 @@ mod tests {
     #[test]
     fn defaults_resolve_under_root_and_given_paths_stay() {
         let o = DoctorOptions {
-            root: PathBuf::from("/host"),
+            host_root: PathBuf::from("/host"),
             dev_dir: Some(PathBuf::from("/elsewhere/dev")),
             ..DoctorOptions::default()
         };

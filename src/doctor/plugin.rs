@@ -216,7 +216,7 @@ fn uses_mps(plan: &NodePlan, node: Option<&ObservedNode>) -> bool {
 fn check_shm(ctx: &Ctx<'_>, check: &mut Check) {
     let path = shm::shm_dir(&ctx.paths.mps_root);
     let fix = format!(
-        "mount it: `gpu-share mps mount-shm --root {}` as root with CAP_SYS_ADMIN \
+        "mount it: `gpu-share mps mount-shm --mps-root {}` as root with CAP_SYS_ADMIN \
          (deploy/overlays/builtin runs it as a privileged init container)",
         ctx.paths.mps_root.display()
     );

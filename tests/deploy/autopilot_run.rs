@@ -19,7 +19,7 @@ fn start_autopilot(
 ) -> std::process::Child {
     let mut cmd = Command::new(gpu_share_bin());
     cmd.args(args)
-        .args(["--debounce-seconds", "0.2", "--lease-duration-seconds", "2"])
+        .args(["--debounce", "200ms", "--lease-duration", "2s"])
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())

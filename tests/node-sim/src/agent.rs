@@ -208,7 +208,7 @@ impl AgentNode {
             )
             .env("GPU_SHARE_CDI_ROOT", self.path("cdi"))
             .env("GPU_SHARE_LISTEN", "127.0.0.1:0")
-            .env("GPU_SHARE_DRAIN_TIMEOUT", "20");
+            .env("GPU_SHARE_DRAIN_TIMEOUT", "20s");
         self.fixture_env(&mut cmd);
         cmd
     }
@@ -228,9 +228,9 @@ impl AgentNode {
         let mut cmd = self.agent_command();
         cmd.arg("agent");
         for (flag, value) in [
-            ("--lease-duration-secs", "2"),
-            ("--eviction-backoff-ms", "100"),
-            ("--resync-secs", "2"),
+            ("--lease-duration", "2s"),
+            ("--eviction-backoff", "100ms"),
+            ("--resync-period", "2s"),
         ] {
             if !extra.contains(&flag) {
                 cmd.args([flag, value]);
