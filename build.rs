@@ -10,8 +10,12 @@
 //! have (2.34+: Ubuntu 22.04, RHEL 9). Packed relative relocations (`-z pack-relative-relocs`)
 //! would make it need `GLIBC_ABI_DT_RELR` (glibc 2.36); the image, whose runtime has 2.36, opts
 //! in to them in the Dockerfile.
+//!
+//! It also tells the tests what this machine cannot check ([`probe_test_tools`]), so that those
+//! tests are reported as ignored, with the reason, instead of passing without checking.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    probe_test_tools();
     const PROTOS: [&str; 5] = [
         "proto/deviceplugin-v1beta1.proto",
         "proto/podresources-v1.proto",
@@ -28,4 +32,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .compile_fds(descriptors)?;
     Ok(())
+}
+
+/// Test-only cfgs, read by `#[cfg_attr(…, ignore = "why")]` in tests/: `no_kubectl` where
+/// `kubectl kustomize` does not run (the manifests are then checked with the tests' own
+/// renderer only), `no_mount_namespace` where `unshare --mount` is refused (not root: the real
+/// tmpfs mounts of `mps mount-shm` are not exercised). Probed again when PATH changes.
+fn probe_test_tools() {
+    println!("cargo::rustc-check-cfg=cfg(no_kubectl)");
+    println!("cargo::rustc-check-cfg=cfg(no_mount_namespace)");
+    println!("cargo::rerun-if-env-changed=PATH");
+    if !runs("kubectl", &["kustomize", "--help"]) {
+        println!("cargo::rustc-cfg=no_kubectl");
+    }
+    if !runs("unshare", &["--mount", "true"]) {
+        println!("cargo::rustc-cfg=no_mount_namespace");
+    }
+}
+
+fn runs(program: &str, args: &[&str]) -> bool {
+    std::process::Command::new(program)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }

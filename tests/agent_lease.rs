@@ -60,6 +60,18 @@ fn put_slot(
     });
 }
 
+/// `call`'s answer; a call that never returns (a timeout not honoured) fails the test after
+/// 30 s. How long calls take is measured in benches, not asserted on a busy machine.
+async fn returns<T>(call: impl std::future::Future<Output = T>) -> T {
+    returns_within(Duration::from_secs(30), call).await
+}
+
+async fn returns_within<T>(limit: Duration, call: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, call)
+        .await
+        .unwrap_or_else(|_| panic!("no answer within {limit:?}"))
+}
+
 fn lease_writes(double: &KubeDouble, verb: Verb) -> Vec<(u16, bool)> {
     double
         .requests()
@@ -100,18 +112,20 @@ async fn one_slot_second_node_waits_until_the_first_releases() {
         "renewTime not kept fresh"
     );
 
-    let released_at = Instant::now();
     slot_a.release().await;
+    // Released, not left to lapse: the holder is cleared (or node-b has taken it already), so
+    // node-b may take it at its next look (a free Lease is taken: src/lease.rs). How soon that
+    // look comes is timing, not behaviour, and is not asserted here.
+    let after_release = holder(&double, 0);
+    assert!(
+        after_release.is_none() || after_release.as_deref() == Some("node-b"),
+        "{after_release:?}"
+    );
     assert!(renewal.await.unwrap_err().is_cancelled());
     let (slot_b, waited) = waiter.await.unwrap();
     let slot_b = slot_b.unwrap();
     assert_eq!(slot_b.name(), "gpu-share-drain-0");
     assert!(waited >= Duration::from_millis(1600), "{waited:?}");
-    assert!(
-        released_at.elapsed() < Duration::from_millis(1500),
-        "node-b took {:?} to notice the release",
-        released_at.elapsed()
-    );
     let s = spec(&double, 0);
     assert_eq!(s.holder_identity.as_deref(), Some("node-b"));
     assert_eq!(s.lease_transitions, Some(1));
@@ -132,9 +146,10 @@ async fn two_slots_let_two_nodes_drain_and_a_third_waits() {
     assert_eq!(names, ["gpu-share-drain-0", "gpu-share-drain-1"]);
     assert_eq!(double.leases().len(), 2);
 
-    let started = Instant::now();
-    let err = c.acquire(Duration::from_millis(300)).await.unwrap_err();
-    assert!(started.elapsed() < Duration::from_millis(900));
+    // Its own 300 ms timeout ends the wait (the guard only catches a wait that never ends).
+    let err = returns(c.acquire(Duration::from_millis(300)))
+        .await
+        .unwrap_err();
     let LeaseError::Timeout { holders, .. } = &err else {
         panic!("want a timeout, got {err}");
     };
@@ -356,9 +371,9 @@ async fn api_500s_are_retried_then_surfaced() {
 
     // The apiserver keeps failing: the error names the Lease and the status.
     double.fail_next(Verb::Update, "leases", 1000, Fault::Status(500));
-    let started = Instant::now();
-    let err = a.acquire(Duration::from_millis(500)).await.unwrap_err();
-    assert!(started.elapsed() < Duration::from_secs(2));
+    let err = returns(a.acquire(Duration::from_millis(500)))
+        .await
+        .unwrap_err();
     let LeaseError::Api { lease, op, .. } = &err else {
         panic!("want an API error, got {err}");
     };
@@ -374,13 +389,9 @@ async fn api_500s_are_retried_then_surfaced() {
     // 503s: kube's client retries them itself, for minutes; each call is cut short instead.
     double.remove::<Lease>(Some(NS), &slot_name(0));
     double.fail_next(Verb::Create, "leases", 1000, Fault::Status(503));
-    let started = Instant::now();
-    let err = a.acquire(Duration::from_millis(300)).await.unwrap_err();
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "{:?}",
-        started.elapsed()
-    );
+    let err = returns(a.acquire(Duration::from_millis(300)))
+        .await
+        .unwrap_err();
     let msg = err.to_string();
     assert!(
         msg.starts_with("lease gpu-share/gpu-share-drain-0: create failed:")
@@ -398,12 +409,13 @@ async fn api_500s_are_retried_then_surfaced() {
 async fn a_non_retryable_error_is_returned_at_once() {
     let double = KubeDouble::start();
     double.fail_next(Verb::Get, "leases", 1, Fault::Status(403));
-    let started = Instant::now();
-    let err = slots(&double, "node-a", 2)
-        .acquire(Duration::from_secs(10))
-        .await
-        .unwrap_err();
-    assert!(started.elapsed() < Duration::from_secs(1));
+    // At once: long before its own 10 s timeout (the guard) would end the wait.
+    let err = returns_within(
+        Duration::from_secs(9),
+        slots(&double, "node-a", 2).acquire(Duration::from_secs(10)),
+    )
+    .await
+    .unwrap_err();
     assert!(
         err.to_string()
             .starts_with("lease gpu-share/gpu-share-drain-0: get failed: 403"),

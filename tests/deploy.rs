@@ -3,7 +3,8 @@
 //! - Every YAML file under `deploy/` parses into its typed Kubernetes object (k8s-openapi), with
 //!   nothing dropped on the way (a misspelt field fails), and both overlays render: with a small
 //!   renderer for the kustomize features the manifests use, cross-checked with
-//!   `kubectl kustomize` where kubectl is installed.
+//!   `kubectl kustomize` (those tests are reported ignored, with the reason, where the build
+//!   found no kubectl: build.rs).
 //! - RBAC: the real `gpu-share agent`, configured from the DaemonSet's own env and args, runs
 //!   against the Kubernetes API double (tests/kube-double) through a reconcile that cordons,
 //!   evicts and applies; every request it made must be allowed by the manifests' RBAC, and every
@@ -368,23 +369,58 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// `kubectl kustomize <dir>` as objects keyed by kind/namespace/name, when kubectl is here.
-fn kubectl_kustomize(dir: &Path) -> Option<BTreeMap<String, Value>> {
+/// `kubectl kustomize <dir>` as objects keyed by kind/namespace/name.
+fn kubectl_kustomize(dir: &Path) -> BTreeMap<String, Value> {
     let out = Command::new("kubectl")
         .arg("kustomize")
         .arg(dir)
         .output()
-        .ok()?;
+        .expect("kubectl (build.rs found it; rebuild if it was removed)");
     assert!(
         out.status.success(),
         "kubectl kustomize {}: {}",
         dir.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    Some(keyed(&yaml_docs_in(
+    keyed(&yaml_docs_in(
         &String::from_utf8(out.stdout).unwrap(),
         "kubectl kustomize",
-    )))
+    ))
+}
+
+/// `theirs` (kubectl's rendering) and `ours` hold the same objects, each the same.
+fn assert_renders_alike(
+    what: &str,
+    theirs: &BTreeMap<String, Value>,
+    ours: &BTreeMap<String, Value>,
+) {
+    assert_eq!(
+        theirs.keys().collect::<Vec<_>>(),
+        ours.keys().collect::<Vec<_>>(),
+        "{what}: kubectl kustomize renders other objects"
+    );
+    for (key, o) in ours {
+        assert!(
+            &theirs[key] == o,
+            "{what}: {key} differs from kubectl kustomize:\n{}",
+            diff(&theirs[key], o, "")
+        );
+    }
+}
+
+/// The overlays as `kubectl kustomize` renders them: the same objects as this file's renderer,
+/// which the other tests read.
+#[test]
+#[cfg_attr(
+    no_kubectl,
+    ignore = "kubectl is not installed here: the overlays are checked with this file's renderer only"
+)]
+fn every_overlay_renders_as_kubectl_kustomize_does() {
+    for overlay in overlays() {
+        let dir = deploy().join("overlays").join(&overlay);
+        let ours = keyed(&render(&dir).objects);
+        assert_renders_alike(&overlay, &kubectl_kustomize(&dir), &ours);
+    }
 }
 
 fn keyed(objects: &[Value]) -> BTreeMap<String, Value> {
@@ -423,25 +459,6 @@ fn every_manifest_parses_into_its_kubernetes_type_and_the_overlays_render() {
             "Service/gpu-share/gpu-share-metrics",
         ] {
             assert!(objects.contains_key(must), "{overlay}: no {must}");
-        }
-        match kubectl_kustomize(&dir) {
-            Some(theirs) => {
-                assert_eq!(
-                    theirs.keys().collect::<Vec<_>>(),
-                    objects.keys().collect::<Vec<_>>(),
-                    "{overlay}: kubectl kustomize renders other objects"
-                );
-                for (key, ours) in &objects {
-                    assert!(
-                        &theirs[key] == ours,
-                        "{overlay}: {key} differs from kubectl kustomize:\n{}",
-                        diff(&theirs[key], ours, "")
-                    );
-                }
-            }
-            None => {
-                eprintln!("kubectl not found: {overlay} checked with this test's renderer only")
-            }
         }
         read.extend(r.manifests);
         generated.extend(r.generated_from.into_iter().map(|(_, _, p)| p));
@@ -1954,18 +1971,6 @@ fn help_env_vars(args: &[String]) -> BTreeSet<String> {
         .collect()
 }
 
-/// Whether this test may mount: root, with `unshare --mount` at hand (a private mount
-/// namespace, so nothing it mounts outlives the command). Without it the test fails unless
-/// `GPU_SHARE_TEST_NO_MOUNTS=1` skips the mount knowingly (as tests/mount_shm.rs).
-fn can_unshare_mounts() -> bool {
-    let ok = Command::new("unshare")
-        .args(["--mount", "true"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    ok || std::env::var("GPU_SHARE_TEST_NO_MOUNTS").as_deref() != Ok("1")
-}
-
 /// The `mount-shm` init container of `overlay`'s pod, and the agent's /dev/shm on its tmpfs.
 fn check_mount_shm(overlay: &str, pod: &PodSpec) {
     let agent = container(pod, "agent");
@@ -2038,24 +2043,26 @@ fn check_mount_shm(overlay: &str, pod: &PodSpec) {
 #[test]
 fn every_overlay_mounts_the_tmpfs_the_agent_and_mps_clients_share_as_dev_shm() {
     // The agent runs the MPS daemons with either device plugin, so every overlay has it.
-    let mut rendered = Vec::new();
     for overlay in overlays() {
         let objects = render(&deploy().join("overlays").join(&overlay)).objects;
         let (_, pod) = pod_spec(&objects);
         check_mount_shm(&overlay, &pod);
-        rendered.push(pod);
     }
-    let pod = rendered.pop().expect("overlays");
+}
+
+/// The init container's command, run for real in a private mount namespace with its MPS root
+/// moved into a temporary directory: it mounts the tmpfs, and a second run (a restarted pod)
+/// leaves it alone.
+#[test]
+#[cfg_attr(
+    no_mount_namespace,
+    ignore = "unshare --mount is refused here (needs root): the init container's mount is not exercised"
+)]
+fn the_mount_shm_init_container_mounts_the_tmpfs_once() {
+    let overlay = overlays().pop().expect("overlays");
+    let (_, pod) = pod_spec(&render(&deploy().join("overlays").join(&overlay)).objects);
     let init = container(&pod, "mount-shm");
     let args = init.args.clone().unwrap();
-
-    // The init container's command, run for real in a private mount namespace with its MPS
-    // root moved into a temporary directory: it mounts the tmpfs, and a second run (a restarted
-    // pod) leaves it alone.
-    if !can_unshare_mounts() {
-        eprintln!("GPU_SHARE_TEST_NO_MOUNTS=1: the mount itself is not exercised");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let script = r#"set -e
 "$0" "$@"

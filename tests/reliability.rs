@@ -52,6 +52,37 @@ fn a_crash_at_every_mutation_of_a_sample_of_transitions_converges() {
     assert!(points >= 30, "{points} crash points");
 }
 
+/// The bounded run CI makes of the full matrix below: the transitions on 8 GPUs in turn, from
+/// one that moves with the day (so successive runs cover all 20), until 40 s are spent (at
+/// least one; about 20 s each in a debug build). It prints which it covered.
+#[test]
+fn a_crash_at_every_mutation_of_transitions_in_turn_converges_within_a_time_box() {
+    let all = transitions();
+    let days = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 86_400;
+    let first = days as usize % all.len();
+    let started = std::time::Instant::now();
+    let mut covered = Vec::new();
+    for (from, to) in all.iter().cycle().skip(first).take(all.len()) {
+        if !covered.is_empty() && started.elapsed() > Duration::from_secs(40) {
+            break;
+        }
+        let n = crash_at_every_mutation(from, to, 8, |_, _, _| {});
+        assert!(n > 0, "{from} → {to}: no mutation to crash at");
+        covered.push(format!("{from} → {to} ({n} crash points)"));
+    }
+    eprintln!(
+        "{} of {} transitions on 8 GPUs in {:.0}s, all converged: {}",
+        covered.len(),
+        all.len(),
+        started.elapsed().as_secs_f64(),
+        covered.join(", ")
+    );
+}
+
 #[test]
 #[ignore = "opt-in, a few minutes: cargo test --test reliability -- --ignored"]
 fn a_crash_at_every_mutation_of_every_transition_converges() {
@@ -574,7 +605,10 @@ fn the_agent_with_an_unwritable_state_dir_fails_before_cordoning_or_evicting() {
 // -------------------------------------------------------------------------------------------
 
 mod parser {
-    use gpu_share::plan::{plan, ObservedNode};
+    use std::collections::BTreeMap;
+    use std::time::{Duration, Instant};
+
+    use gpu_share::plan::{plan, NodePlan, ObservedNode};
     use gpu_share::profile::{parse_profile, read_profiles};
     use gpu_share::validate::validate;
     use proptest::prelude::*;
@@ -679,14 +713,32 @@ mod parser {
     }
 
     /// What the fuzz targets do: parse, validate and (when valid) plan on 8 H100s; read a
-    /// ConfigMap and validate every profile in it. Any panic fails the test.
+    /// ConfigMap and validate every profile in it. Any panic fails the test, and so does a
+    /// plan without the properties [`assert_plan_is_sound`] checks.
     pub fn exercise(bytes: &[u8]) {
         let text = String::from_utf8_lossy(bytes);
         if let Ok(profile) = parse_profile("fuzz", &text) {
             let problems = validate("fuzz", &profile);
             if problems.iter().all(|p| !p.is_error()) {
                 let node = ObservedNode::simulated(&["h100x8".to_string()]);
-                let _ = plan("fuzz", &profile, &node);
+                match plan("fuzz", &profile, &node) {
+                    Ok(planned) => {
+                        assert_plan_is_sound(&planned, &text);
+                        assert_eq!(
+                            plan("fuzz", &profile, &node).as_ref(),
+                            Ok(&planned),
+                            "planning twice gave two plans for:\n{text}"
+                        );
+                    }
+                    Err(problems) => {
+                        // A valid profile the node cannot hold: refused, saying why.
+                        assert!(!problems.is_empty(), "refused without a reason:\n{text}");
+                        assert!(
+                            problems.iter().any(|p| p.is_error()),
+                            "refused with warnings only: {problems:?}\n{text}"
+                        );
+                    }
+                }
             }
         }
         for named in read_profiles("fuzz", &text) {
@@ -694,6 +746,72 @@ mod parser {
                 let _ = validate(&named.name, &profile);
             }
         }
+    }
+
+    /// What every plan for the simulated 8 × H100 node must be: each GPU planned once; every
+    /// MIG instance of a profile the H100 has, at one of that profile's placements, none
+    /// overlapping another; the node's resources the sum of its GPUs', none advertised as 0.
+    fn assert_plan_is_sound(planned: &NodePlan, text: &str) {
+        let indices: Vec<u32> = planned.gpus.iter().map(|g| g.index).collect();
+        assert_eq!(indices, (0..8).collect::<Vec<_>>(), "GPUs planned:\n{text}");
+        let h100 = gpu_share::mig::catalog()
+            .model_by_product(&planned.gpus[0].product)
+            .expect("the simulated H100 is in the catalog");
+        let mut sum: BTreeMap<String, u64> = BTreeMap::new();
+        for gpu in &planned.gpus {
+            let mut taken: Vec<(u32, u32)> = Vec::new();
+            for instance in gpu.geometry.iter().flat_map(|g| g.target()) {
+                let profile = h100.profile(&instance.profile).unwrap_or_else(|| {
+                    panic!(
+                        "GPU {}: no {} on an H100:\n{text}",
+                        gpu.index, instance.profile
+                    )
+                });
+                let at = instance.placement;
+                assert!(
+                    profile.placements.contains(&at),
+                    "GPU {}: {} at {at:?} is not one of its placements:\n{text}",
+                    gpu.index,
+                    instance.profile
+                );
+                let (start, end) = (at.start, at.start + at.size);
+                assert!(
+                    taken.iter().all(|&(s, e)| end <= s || e <= start),
+                    "GPU {}: {} at {at:?} overlaps another instance:\n{text}",
+                    gpu.index,
+                    instance.profile
+                );
+                taken.push((start, end));
+            }
+            for (name, n) in &gpu.resources {
+                *sum.entry(name.clone()).or_insert(0) += n;
+            }
+        }
+        assert_eq!(
+            planned.resources, sum,
+            "node resources vs its GPUs':\n{text}"
+        );
+        assert!(
+            planned.resources.values().all(|&n| n > 0),
+            "a resource advertised as 0: {:?}\n{text}",
+            planned.resources
+        );
+    }
+
+    /// Mutated inputs in batches of 200 until `cases` ran or `budget` is spent (at least one
+    /// batch); the number run is printed, so a slow machine shows how much it covered.
+    fn run_for(cases: u32, budget: Duration) {
+        let started = Instant::now();
+        let mut ran = 0;
+        while ran < cases && (ran == 0 || started.elapsed() < budget) {
+            let batch = 200.min(cases - ran);
+            run(batch);
+            ran += batch;
+        }
+        eprintln!(
+            "{ran} mutated inputs in {:.1}s",
+            started.elapsed().as_secs_f64()
+        );
     }
 
     fn run(cases: u32) {
@@ -721,7 +839,9 @@ mod parser {
         {
             exercise(seed.as_bytes());
         }
-        run(300);
+        // The bounded run CI makes: 10k inputs (under a second here), stopped after 30 s on a
+        // machine slow enough to need it.
+        run_for(10_000, Duration::from_secs(30));
     }
 
     #[test]
@@ -742,9 +862,9 @@ mod parser {
     }
 
     #[test]
-    #[ignore = "opt-in: cargo test --test reliability -- --ignored"]
-    fn the_parser_and_configmap_reader_survive_10k_mutated_inputs() {
-        run(10_000);
+    #[ignore = "opt-in, a minute or two: cargo test --test reliability -- --ignored"]
+    fn the_parser_and_configmap_reader_survive_a_million_mutated_inputs() {
+        run(1_000_000);
     }
 }
 
