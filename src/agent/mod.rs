@@ -32,6 +32,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::ListParams;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher::{self, watcher};
+use kube::runtime::WatchStreamExt;
 use kube::{Api, Resource};
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -357,10 +358,11 @@ async fn release_forgotten_slot(reconciler: &Reconciler) {
     }
 }
 
-/// Keep the latest version of this node in `tx` (a watcher, with its own relists and backoff).
+/// Keep the latest version of this node in `tx` (a watcher, with its own relists, and
+/// kube-runtime's default backoff after an error: 800 ms doubling to 30 s, reset once it works).
 async fn watch_node(api: Api<Node>, name: String, tx: watch::Sender<Option<Node>>) {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut stream = watcher(api, config).boxed();
+    let mut stream = watcher(api, config).default_backoff().boxed();
     while let Some(event) = stream.next().await {
         match event {
             Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => {
@@ -368,8 +370,7 @@ async fn watch_node(api: Api<Node>, name: String, tx: watch::Sender<Option<Node>
             }
             Ok(_) => {}
             Err(e) => {
-                warn!(error = %e, "node watch failed; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                warn!(error = %e, "node watch failed; retrying with backoff");
             }
         }
     }
@@ -382,7 +383,7 @@ async fn watch_configmap(
     tx: watch::Sender<Option<Option<ConfigMap>>>,
 ) {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut stream = watcher(api, config).boxed();
+    let mut stream = watcher(api, config).default_backoff().boxed();
     let mut seen_in_init = false;
     while let Some(event) = stream.next().await {
         match event {
@@ -400,8 +401,7 @@ async fn watch_configmap(
                 }
             }
             Err(e) => {
-                warn!(error = %e, "configmap watch failed; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                warn!(error = %e, "configmap watch failed; retrying with backoff");
             }
         }
     }

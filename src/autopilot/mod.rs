@@ -22,6 +22,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher::{self, watcher};
+use kube::runtime::WatchStreamExt;
 use kube::Api;
 use tokio::sync::Notify;
 use tracing::{info, warn};
@@ -239,14 +240,13 @@ async fn notify_on<K>(
     changes: Arc<Notify>,
     what: &'static str,
 ) {
-    let mut stream = std::pin::pin!(stream);
+    // kube-runtime's default backoff after an error (800 ms doubling to 30 s, reset once the
+    // watch works again), so an API server that refuses the watch is not asked every second.
+    let mut stream = std::pin::pin!(stream.default_backoff());
     while let Some(event) = stream.next().await {
         match event {
             Ok(_) => changes.notify_one(),
-            Err(e) => {
-                warn!(error = %e, what, "watch failed; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
+            Err(e) => warn!(error = %e, what, "watch failed; retrying with backoff"),
         }
     }
 }
