@@ -1,11 +1,11 @@
-//! The advise trace benchmark (issue 15, item 3): synthetic inference tenants arriving and
+//! The advise trace benchmark: synthetic inference tenants arriving and
 //! leaving over a simulated day on fleets of 16, 64 and 256 nodes × 8 GPUs (H100, H200 and
 //! A100 80GB in turn), served by three policies on the same trace: `gpu-share advise` every
 //! round, the static example profiles, and a greedy re-partition from scratch. Prints, per
 //! fleet and policy, demand served, GPUs used against the lower bound, pods evicted and
 //! instances destroyed per simulated hour, and the time advise takes per round.
 //!
-//! Run: `cargo bench --bench advise_trace` (benches/README.md, "advise trace: issue 15").
+//! Run: `cargo bench --bench advise_trace` (benches/README.md, "advise trace").
 //! Knobs: `GPU_SHARE_TRACE_NODES` (`16,64,256`), `GPU_SHARE_TRACE_HOURS` (24),
 //! `GPU_SHARE_TRACE_ROUND_MINUTES` (15), `GPU_SHARE_TRACE_SEED` (1), `GPU_SHARE_TRACE_LOAD`
 //! (0.7: mean lower bound over fleet slices).

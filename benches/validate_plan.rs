@@ -4,11 +4,11 @@
 //! validate it against the catalog, plan it for a node of 8 GPUs. The `10k_nodes` group does
 //! that for 10,000 nodes × 8 GPUs; the goal is well under a second on one core.
 //!
-//! The `validate_rules` group parses and validates profiles of 1k to 10k rules (issue 13: it
+//! The `validate_rules` group parses and validates profiles of 1k to 10k rules (it
 //! grew faster than linearly). Profiles over the 1024-rule cap are refused, but every rule is
 //! still checked, so the figures show the cost per rule; 1024 is the largest accepted profile.
 //!
-//! The `advise_256_nodes_x8` group times `gpu-share advise` (issue 15) for a fleet of 256 nodes
+//! The `advise_256_nodes_x8` group times `gpu-share advise` for a fleet of 256 nodes
 //! × 8 GPUs (H100, H200, A100 80GB; a third running the h100-inference profile with pods on
 //! it) and 2,560 pending pods of every kind: reading the nodes, solving, and planning every
 //! proposal. The issue's goal: well under a second.

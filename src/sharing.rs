@@ -2,7 +2,7 @@
 //! planned to be ([`GpuPlan`], [`PlannedMode`]), the names its devices are advertised under,
 //! and which device plugin advertises them ([`PluginKind`]).
 //!
-//! This is the lowest of the sharing rooms (issue 17): `timeslice` and `mps` import it and
+//! This is the lowest of the sharing rooms: `timeslice` and `mps` import it and
 //! return their slices in its terms; `device_plugin` renders them and `plan` composes them. It
 //! imports none of those.
 

@@ -201,7 +201,7 @@ fn a_bad_request_is_refused_naming_the_pod() {
     );
 }
 
-/// A running pod may name the device it holds (issue 15): the demand schema documents it, and a
+/// A running pod may name the device it holds: the demand schema documents it, and a
 /// device its node does not have is refused naming pod, node and device, exit 1.
 #[test]
 fn a_held_device_not_on_the_node_is_refused_naming_pod_node_and_device() {
@@ -222,7 +222,7 @@ fn a_held_device_not_on_the_node_is_refused_naming_pod_node_and_device() {
         &demand,
         "pods:\n  - {name: r, node: gpu-a, phase: running, requests: {nvidia.com/mig-1g.10gb: 1},\n     devices: [{gpu: 9, migPlacementStart: 2}]}\n  - {name: ok, node: gpu-a, phase: running, requests: {nvidia.com/mig-1g.10gb: 1},\n     devices: [{gpu: 0, migPlacementStart: 2, migProfile: 1g.10gb}]}\n",
     )
-    .unwrap();
+.unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args([

@@ -283,7 +283,7 @@ fn the_bench_answers_as_advise_does() {
     );
 }
 
-/// Issue 15: the pod that runs on GPU 1's 1g instance at start 6 of an H100 node cut into
+/// The pod that runs on GPU 1's 1g instance at start 6 of an H100 node cut into
 /// 7 × 1g.10gb everywhere, and a pending 7g-sized pod. Told only the pod's node, advise matches
 /// it to GPU 0's first free 1g, turns GPU 1 (idle to it) into the 7g, and applying that evicts
 /// the pod. Told the pod's device (`Fleet::held_devices`, what the bench now passes), it keeps

@@ -433,7 +433,7 @@ fn node_writes_refused_with_403_make_the_agent_not_ready_until_they_go_through()
     });
 }
 
-/// Issue 13, item 2: a ConfigMap key over 1 MiB (more than a ConfigMap can hold) is refused
+/// A ConfigMap key over 1 MiB (more than a ConfigMap can hold) is refused
 /// before it is parsed: state `failed` naming the key and the limit, nothing done to the GPUs.
 #[test]
 fn a_configmap_key_over_1_mib_fails_unparsed_and_changes_nothing() {
@@ -561,7 +561,7 @@ fn time_sliced_node(api: &Arc<KubeDouble>, name: &str, gpus: usize, extra: &[&st
 
 #[test]
 fn a_change_without_mig_writes_the_plugin_config_before_any_node_write() {
-    // Issue 18: the config is what the user waits for when nothing is disrupted; the state
+    // The config is what the user waits for when nothing is disrupted; the state
     // writes come after it. The next Node PATCH hangs until the 12 s API timeout: before the
     // fix the `applying` write was awaited first, so the config came only after that timeout.
     let api = Arc::new(KubeDouble::start());
@@ -617,8 +617,8 @@ fn a_change_without_mig_writes_the_plugin_config_before_any_node_write() {
 #[test]
 fn gpus_changed_behind_the_agents_back_are_read_again_before_success() {
     // A change without MIG steps is planned against the GPUs as the agent last read them
-    // (issue 18); a fresh read confirms it before `success`. An administrator enables MIG by
-    // hand (`nvidia-smi -mig 1`; H100s need no reset, shared/reference/mig-nvml.md) after
+    //; a fresh read confirms it before `success`. An administrator enables MIG by
+    // hand (`nvidia-smi -mig 1`; H100s need no reset, the MIG User Guide, docs/sources.md) after
     // that last read: the time-slicing profile needs it off again, so the agent must notice.
     let api = Arc::new(KubeDouble::start());
     let node = time_sliced_node(&api, "gpu-drift", 1, &[]);

@@ -438,7 +438,7 @@ fn a_missing_library_says_which_layer_is_broken() {
 }
 
 /// How many times `cause` is in the run's stderr: an error's message says its cause, and the
-/// chain printed after it (`error: {e:#}`) must not say it again (issue 13, item 7).
+/// chain printed after it (`error: {e:#}`) must not say it again.
 fn times_in_stderr(out: &std::process::Output, cause: &str) -> usize {
     String::from_utf8_lossy(&out.stderr).matches(cause).count()
 }
@@ -523,7 +523,7 @@ fn a_missing_file_is_said_once() {
     );
 }
 
-/// Issue 13, item 5: `apply` says which rule's GPUs this node lacks, as `plan` does.
+/// `apply` says which rule's GPUs this node lacks, as `plan` does.
 #[test]
 fn apply_warns_about_rules_naming_gpus_the_node_lacks() {
     let node = CliNode::new(gpus("h100", 2, true));
@@ -537,7 +537,7 @@ fn apply_warns_about_rules_naming_gpus_the_node_lacks() {
     assert!(warnings.contains("selects GPU 4-7"), "{warnings}");
 }
 
-/// Issue 13, item 6: a failed `apply --force` leaves its journal; the next apply of another
+/// A failed `apply --force` leaves its journal; the next apply of another
 /// profile used to print "rolled forward an interrupted apply" of the failed one, though none
 /// of it was carried out. It says what became of it, and what of it had been done.
 #[test]

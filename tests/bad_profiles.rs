@@ -1,7 +1,7 @@
 //! Invalid profiles are refused with the right reason, naming the profile, the rule and the GPU
 //! model. Each case is one distinct mistake a user can make; the expected sentences are the ones
 //! the CLI prints. Where a rule comes from the NVIDIA device plugin, its own wording is quoted
-//! (shared/reference/nvidia-stack.md §1.2, §1.4).
+//! (docs/sources.md#device-plugin-refusals).
 
 use gpu_share::plan::{plan, ObservedNode};
 use gpu_share::profile::{read_profiles, Problem, Severity};
@@ -460,7 +460,7 @@ mod on_a_node {
     }
 }
 
-/// Every count has an upper bound (issue 13, item 1); the message names the field, the value
+/// Every count has an upper bound; the message names the field, the value
 /// and the range. The bounds and their reasons are documented in `src/profile/format.rs`.
 mod bounds {
     use super::*;
@@ -575,7 +575,7 @@ mod bounds {
     }
 }
 
-/// Issue 13, item 2: overlap checks compare each rule with what earlier rules claimed, once.
+/// Overlap checks compare each rule with what earlier rules claimed, once.
 mod overlaps {
     use super::*;
 
@@ -584,9 +584,9 @@ mod overlaps {
         let errors: Vec<String> = problems(
             "version: v1\nrules:\n  - {devices: [0, 1], exclusive: true}\n  - {devices: [1, 2], exclusive: true}\n  - {devices: [2, 1, 0], exclusive: true}\n",
         )
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+.iter()
+.map(ToString::to_string)
+.collect();
         assert_eq!(errors.len(), 2, "{errors:#?}");
         assert!(
             errors[0].contains(
@@ -625,7 +625,7 @@ mod overlaps {
     }
 }
 
-/// Issue 13, item 9: MPS settings a GPU cannot honour.
+/// MPS settings a GPU cannot honour.
 mod mps_on_the_gpu {
     use super::*;
 

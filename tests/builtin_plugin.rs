@@ -649,7 +649,7 @@ fn mps_inside_mig_devices_sends_each_client_to_its_devices_daemon() {
     });
 }
 
-/// Issue 27 part 3: a device that raises a critical XID is reported Unhealthy to the kubelet,
+/// A device that raises a critical XID is reported Unhealthy to the kubelet,
 /// with a Warning Event and metrics; an application XID changes nothing. The XIDs are raised in
 /// the fake NVML's state file, which delivers them through NVML event sets, as the driver does.
 /// As in NVIDIA's plugin (k8s-device-plugin `internal/rm/health.go`): an XID carrying a MIG

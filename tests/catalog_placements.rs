@@ -1,20 +1,21 @@
 //! Every catalog model's documented placements, checked against the reference text.
 //!
 //! The placements of five models were quoted verbatim (`nvidia-smi mig -lgipp`) in
-//! `shared/reference/mig-nvml.md` §1.2; those texts are embedded here unchanged, parsed, and
-//! compared with the embedded catalog profile by profile. The other models' placements are
-//! inferred from the same chip family (§1.2: "assume the 8-slot list **[inferred]**"), so they are
-//! compared with the eight-slot family table. The profile names are checked against go-nvlib's
-//! naming rule (§1.5), and a few structural invariants the solver relies on are checked for every
-//! model.
+//! the MIG User Guide and in GitHub issues quoting real output
+//! (docs/sources.md#nvidia-mig-user-guide); those texts are embedded here unchanged, parsed,
+//! and compared with the embedded catalog profile by profile. The other models' placements are
+//! inferred from the same chip family (an inference, not a quote), so they are compared with
+//! the eight-slot family table. The profile names are checked against NVIDIA/go-nvlib's MIG
+//! profile naming rule, and a few structural invariants the solver relies on are checked for
+//! every model.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpu_share::mig::{catalog, GpuModel, Placement};
 
 // ------------------------------------------------------------------------------------------------
-// Verbatim `nvidia-smi mig -lgipp` outputs, copied from shared/reference/mig-nvml.md §1.2
-// ("Placement grid"), prompt lines included.
+// Verbatim `nvidia-smi mig -lgipp` outputs as the MIG User Guide prints them, prompt lines
+// included.
 // ------------------------------------------------------------------------------------------------
 
 /// mig-nvml.md §1.2: "A100-40GB (MIG User Guide v580) — identical text quoted for H100 80GB HBM3

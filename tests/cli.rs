@@ -128,7 +128,7 @@ fn plan_against_an_observed_state_keeps_instances_in_place() {
         &current,
         "gpus:\n  - index: 0\n    product: NVIDIA H100 80GB HBM3\n    memoryMib: 81559\n    mig: {current: true, pending: true}\n    instances:\n      - {profile: 1g.10gb, placement: [0, 1], giId: 7}\n      - {profile: 1g.10gb, placement: [1, 1], giId: 8}\n      - {profile: 2g.20gb, placement: [2, 2], giId: 4}\n",
     )
-    .unwrap();
+.unwrap();
     let profile = dir.path().join("p.yaml");
     std::fs::write(
         &profile,
@@ -163,7 +163,7 @@ fn validate_reads_config_maps_and_fails_on_any_bad_key() {
         &cm,
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: gpu-share-profiles}\ndata:\n  small: |\n    version: v1\n    rules: [{devices: all, timeSlicing: {replicas: 4}}]\n  broken: |\n    version: v1\n    rules: [{devices: all, timeSlicing: {replicas: 0}}]\n",
     )
-    .unwrap();
+.unwrap();
     let out = gpu_share(&["validate", path(&cm)]);
     assert_eq!(out.status.code(), Some(1));
     let text = stdout(&out);
@@ -245,7 +245,7 @@ fn catalog_lists_every_model() {
     );
 }
 
-/// Issue 13 item 8: every source `catalog` prints is a document a user can open (a URL or a
+/// Every source `catalog` prints is a document a user can open (a URL or a
 /// pinned repository file), never an id of a private search index; item 12: the compute-instance
 /// profiles of each GI profile are shown, the unverified ones marked.
 #[test]
@@ -496,7 +496,7 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// Issue 13, item 4: `--gpu` specs that used to plan a node other than the one meant.
+/// `--gpu` specs that used to plan a node other than the one meant.
 #[test]
 fn plan_refuses_gpu_specs_that_would_mislead() {
     let plan_on = |gpu: &str| {
@@ -566,7 +566,7 @@ fn plan_help_says_how_names_outside_the_catalog_are_taken() {
     }
 }
 
-/// Issue 13, item 5: h100-inference's rules name GPUs 0-3 and 4-7; on a 2-GPU node the
+/// H100-inference's rules name GPUs 0-3 and 4-7; on a 2-GPU node the
 /// missing ones were dropped without a word.
 #[test]
 fn plan_warns_about_rules_naming_gpus_the_node_lacks() {
@@ -591,7 +591,7 @@ fn plan_warns_about_rules_naming_gpus_the_node_lacks() {
         &current,
         "gpus:\n  - {index: 0, product: NVIDIA H100 80GB HBM3, memoryMib: 81559, mig: {current: false, pending: false}}\n  - {index: 1, product: NVIDIA H100 80GB HBM3, memoryMib: 81559, mig: {current: false, pending: false}}\n",
     )
-    .unwrap();
+.unwrap();
     let out = gpu_share(&[
         "plan",
         "--profile",
@@ -633,7 +633,7 @@ fn plan_warns_about_rules_naming_gpus_the_node_lacks() {
     assert!(!stdout(&out).contains("does not have"), "{}", stdout(&out));
 }
 
-/// Issue 13, item 7: kube's config error quotes the file error and returns it as its source
+/// Kube's config error quotes the file error and returns it as its source
 /// too; printed as a chain, "No such file or directory" came out three times.
 #[test]
 fn the_agent_without_a_kubeconfig_names_the_missing_file_once() {
@@ -655,7 +655,7 @@ fn the_agent_without_a_kubeconfig_names_the_missing_file_once() {
     );
 }
 
-/// Issue 13, item 3: the schema states the ranges `validate` enforces, so editors flag them.
+/// The schema states the ranges `validate` enforces, so editors flag them.
 #[test]
 fn schema_gives_every_count_its_range() {
     let schema = json(&gpu_share(&["schema"]));
@@ -682,7 +682,7 @@ fn schema_gives_every_count_its_range() {
     assert_eq!(range(index), (Some(0), Some(63)));
 }
 
-/// Issue 13, item 2: a file over 1 MiB is refused after reading 1 MiB + 1 byte, not parsed.
+/// A file over 1 MiB is refused after reading 1 MiB + 1 byte, not parsed.
 #[test]
 fn validate_refuses_a_file_over_1_mib() {
     let dir = tempfile::tempdir().unwrap();
@@ -848,7 +848,7 @@ fn plan_without_gpu_on_a_node_without_a_driver_points_at_gpu_and_current() {
     }
 }
 
-/// Every subcommand that prints takes `-o` for `--output` (issue 26's one vocabulary): advise
+/// Every subcommand that prints takes `-o` for `--output` (one CLI vocabulary): advise
 /// did not.
 #[test]
 fn advise_takes_dash_o_like_the_other_printing_subcommands() {

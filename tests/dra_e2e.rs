@@ -1,4 +1,4 @@
-//! DRA end to end through the agent (issue 16: "prepare/unprepare round-trips", "claims on
+//! DRA end to end through the agent ("prepare/unprepare round-trips", "claims on
 //! kept devices stay prepared"): `gpu-share agent --plugin dra` as a process on the simulated
 //! node (fake NVML, tests/node-sim), the simulated kubelet's DRA side (node-sim `DraKubelet`)
 //! watching the agent's registration directory, and the Kubernetes API double serving
@@ -293,15 +293,15 @@ fn claims_round_trip_through_the_agent_and_kept_devices_stay_prepared() {
         // plan on the GPUs as they are now), so the last step can take it away.
         let balanced = profile_text("h100-balanced");
         let going: BTreeSet<String> = node
-            .device_names()
-            .difference(&node.planned_devices(&balanced))
-            .cloned()
-            .collect();
+.device_names()
+.difference(&node.planned_devices(&balanced))
+.cloned()
+.collect();
         let name = going
-            .iter()
-            .find(|d| d.starts_with("gpu-0-mig-") && d.ends_with("-1g-10gb"))
-            .unwrap_or_else(|| panic!("no 1g.10gb of GPU 0 goes away: {going:?}"))
-            .clone();
+.iter()
+.find(|d| d.starts_with("gpu-0-mig-") && d.ends_with("-1g-10gb"))
+.unwrap_or_else(|| panic!("no 1g.10gb of GPU 0 goes away: {going:?}"))
+.clone();
         let device = node.published(&name).unwrap();
         let start = attr_int(&device, "migPlacementStart");
         let uuid = node.mig_uuid(0, start);
@@ -343,10 +343,10 @@ fn claims_round_trip_through_the_agent_and_kept_devices_stay_prepared() {
         // A device the change created is prepared with the UUID it got just now (the plugin
         // had the applied devices before the slices named it).
         let medium = node
-            .device_names()
-            .into_iter()
-            .find(|d| d.starts_with("gpu-2-mig-") && d.ends_with("-3g-40gb"))
-            .expect("GPU 2's 3g.40gb devices are published");
+.device_names()
+.into_iter()
+.find(|d| d.starts_with("gpu-2-mig-") && d.ends_with("-3g-40gb"))
+.expect("GPU 2's 3g.40gb devices are published");
         let medium_start = attr_int(&node.published(&medium).unwrap(), "migPlacementStart");
         let medium_uuid = node.mig_uuid(2, medium_start);
         let medium_uid = node.allocate("medium", &medium).await;
@@ -360,14 +360,14 @@ fn claims_round_trip_through_the_agent_and_kept_devices_stay_prepared() {
         // h100-balanced removes the device. A pod on it, held by a budget, holds the drain.
         let gi = node.node.gi_at(0, start);
         node.node
-            .add_workloads(&node.api, &[Workload::on_mig("held", 7001, 0, gi)]);
+.add_workloads(&node.api, &[Workload::on_mig("held", 7001, 0, gi)]);
         guard(&node.api, "held", "hold");
         let before = node.generation();
         node.api
-            .set_node_label(NODE, PROFILE_LABEL, Some("h100-balanced"));
+.set_node_label(NODE, PROFILE_LABEL, Some("h100-balanced"));
         assert!(
             node.api
-                .wait_until(WAIT, |a| a.evictions().iter().any(|e| e.code == 429)),
+.wait_until(WAIT, |a| a.evictions().iter().any(|e| e.code == 429)),
             "{}",
             node.node.log()
         );
@@ -388,7 +388,7 @@ fn claims_round_trip_through_the_agent_and_kept_devices_stay_prepared() {
         assert!(node.checkpoint().prepared(&late).is_none());
 
         node.api
-            .remove::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(Some("default"), "hold");
+.remove::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(Some("default"), "hold");
         wait_applied(&node.api, &node.node, "h100-balanced", WAIT);
         assert!(node.published(&name).is_none());
 

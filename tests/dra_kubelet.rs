@@ -181,11 +181,11 @@ impl Node {
         ]}}});
         let created = api.create(&PostParams::default(), &obj).await.unwrap();
         let results: Vec<_> = devices
-            .iter()
-            .map(|(request, device)| {
+.iter()
+.map(|(request, device)| {
                 json!({"request": request, "driver": DRIVER, "pool": NODE, "device": device})
             })
-            .collect();
+.collect();
         let status = json!({"status": {"allocation": {"devices": {"results": results}}}});
         api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
             .await
@@ -701,7 +701,7 @@ async fn a_spec_that_cannot_be_written_fails_the_claim_and_a_retry_prepares_it()
     plugin.shutdown().await;
 }
 
-/// Issue 24/27: kubelet 1.36 opens the DRAResourceHealth stream on the DRA socket (before this,
+/// Kubelet 1.36 opens the DRAResourceHealth stream on the DRA socket (before this,
 /// the plugin answered Unimplemented and the kubelet logged it every 5 s). Every published
 /// device is listed Healthy; a critical XID on a MIG device makes that device and its shares
 /// Unhealthy on the open stream, with the fault in the message, and the rest stay Healthy.
@@ -760,7 +760,7 @@ async fn the_health_stream_lists_every_device_and_a_faulted_mig_device_turns_unh
     );
 }
 
-/// Issue 24: the kubelet's plugin watcher dials the registration socket by path through grpc-go,
+/// The kubelet's plugin watcher dials the registration socket by path through grpc-go,
 /// which sends the path as `:authority`. A plain tonic (h2) server resets that stream with
 /// PROTOCOL_ERROR, what a real kubelet 1.36 logged ("failed to get plugin info using RPC
 /// GetInfo … RST_STREAM with error code: PROTOCOL_ERROR"); served through the front the agent
@@ -805,7 +805,7 @@ async fn registration_answers_grpc_gos_socket_path_authority_only_through_the_fr
     fronted_server.stop().await;
 }
 
-/// Issue 24: a claim with several devices gets edits a container can take together. Each
+/// A claim with several devices gets edits a container can take together. Each
 /// device's CDI device used to set `NVIDIA_VISIBLE_DEVICES` to its own UUID, and the runtime
 /// keeps the last: the container saw one GPU. Now every device carries the whole list (and MPS
 /// shares of one daemon its one pipe, their pinned-memory limits re-indexed); MPS beside a

@@ -54,13 +54,13 @@ struct Idle {
 
 /// Idle VmRSS of the same build under each runtime, warm and cold, each a new agent that
 /// applied one profile and then sat idle for [`IDLE`]. `GPU_SHARE_AGENT_WORKERS` picks a
-/// multi-thread runtime (the agent's runtime until issue 18: a worker per core, 2 here).
+/// multi-thread runtime (the agent's runtime before: a worker per core, 2 here).
 /// glibc's malloc arena caps (`MALLOC_ARENA_MAX`) changed nothing measurable with one runtime
 /// thread (benches/README.md) and are no longer measured.
 fn idle_by_setup() {
     let setups: [(&str, &[(&str, &str)]); 2] = [
         (
-            "multi-thread, 2 workers (before issue 18)",
+            "multi-thread, 2 workers (the runtime before)",
             &[("GPU_SHARE_AGENT_WORKERS", "2")],
         ),
         ("current-thread (the agent's default)", &[]),

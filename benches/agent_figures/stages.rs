@@ -1,4 +1,4 @@
-//! Where the time of a label change goes, stage by stage (issue 18).
+//! Where the time of a label change goes, stage by stage.
 //!
 //! The harness opens its own raw Node watch (kube's plain `Api::watch`, no watcher or cache in
 //! between) on the API double and timestamps every event of the bench node as it arrives. Per

@@ -6,7 +6,7 @@
 //! will have given it a device there) counts as running on that node.
 //!
 //! Supply is every node with the GPU Feature Discovery labels `nvidia.com/gpu.product` and
-//! `nvidia.com/gpu.count` (GFD's labels, /work/shared/reference/nvidia-stack.md §1.8), read as
+//! `nvidia.com/gpu.count` (GFD's labels, docs/sources.md#gfd-labels), read as
 //! `plan --gpu` specs: a product the MIG catalog knows becomes that model, any other stays a
 //! GPU without MIG under its product name. Its current profile is the ConfigMap key its
 //! `gpu-share.dev/profile` label names. A node whose labels or profile cannot be read is left

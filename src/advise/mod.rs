@@ -1,5 +1,5 @@
 //! `gpu-share advise`: from the GPU demand of a cluster's pods and its GPU nodes to a profile
-//! per node that serves the demand (issue 15, offline part). Pure: it reads two files' worth of
+//! per node that serves the demand (offline part). Pure: it reads two files' worth of
 //! data and plans; nothing here touches a GPU or the API server.
 //!
 //! [`demand`] owns the pods and what they need, [`supply`] the nodes as they are, [`solver`]

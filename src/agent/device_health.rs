@@ -1,4 +1,4 @@
-//! What the agent does when a GPU or MIG device raises a critical XID (issue 27): the NVML
+//! What the agent does when a GPU or MIG device raises a critical XID: the NVML
 //! door's watcher ([`crate::gpu::xid`]) records the fault, which the built-in plugin and the
 //! DRA plugin read as device health; here each new fault becomes a warning in the log, a
 //! `DeviceUnhealthy` Warning Event on the Node (what `kubectl describe node` shows) and the

@@ -1,5 +1,5 @@
 //! Compute modes for MPS, as NVIDIA's mps-control-daemon sets them
-//! (shared/reference/nvidia-stack.md §1.7): a whole GPU shared through MPS is put in
+//! (docs/sources.md#mps, #cuda-mps): a whole GPU shared through MPS is put in
 //! `EXCLUSIVE_PROCESS` before its control daemon starts, so that only the MPS server opens a
 //! context on it and no other process runs beside the server; once the GPU no longer runs MPS it
 //! goes back to `DEFAULT`.

@@ -1,6 +1,6 @@
 //! How an `Allocate` answer names its devices to the container runtime: the
 //! `NVIDIA_VISIBLE_DEVICES` variable (the NVIDIA container runtime's legacy mode) and/or CDI
-//! device names, the NVIDIA plugin's `deviceListStrategy` (shared/reference/nvidia-stack.md §1.1).
+//! device names, the NVIDIA plugin's `deviceListStrategy` (docs/sources.md#device-plugin-config).
 //! Pure: [`DeviceListing::apply`] rewrites the response [`ResourceDevices::allocate`] built.
 //!
 //! What the NVIDIA plugin does (k8s-device-plugin `internal/plugin/server.go`,

@@ -1,7 +1,7 @@
 //! What the built-in plugin advertises, and its answers to `Allocate` and
 //! `GetPreferredAllocation`: pure functions of the applied plan and the GPUs NVML shows.
 //!
-//! Device IDs follow the NVIDIA plugin (shared/reference/nvidia-stack.md §1.3, §1.5): a GPU or
+//! Device IDs follow the NVIDIA plugin (docs/sources.md#resource-naming, #allocation): a GPU or
 //! MIG device UUID, or `<uuid>::<n>` for replica `n` of a shared one. `Allocate` strips replica
 //! IDs back to unique UUIDs for `NVIDIA_VISIBLE_DEVICES`.
 

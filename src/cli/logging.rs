@@ -20,7 +20,7 @@ pub(super) fn init(format: LogFormat) {
 /// (`warn`, `info,gpu_share::agent=debug`), as tracing-subscriber's `Targets` parses them.
 /// Unset, empty or not parsable: `info`. `EnvFilter`'s span and field filters
 /// (`[span{field=value}]`) are not supported: its regex engine added code the agent keeps
-/// resident for its lifetime (issue 18, benches/README.md "Agent memory").
+/// resident for its lifetime (benches/README.md "Agent memory").
 fn log_filter(rust_log: Option<&str>) -> tracing_subscriber::filter::Targets {
     use tracing_subscriber::filter::{LevelFilter, Targets};
     let info = || Targets::new().with_default(LevelFilter::INFO);

@@ -562,7 +562,7 @@ mod tests {
         std::io::Error::from(std::io::ErrorKind::NotFound)
     }
 
-    /// Issue 13, item 7, at the root: each of our error types that wraps a cause says it once,
+    /// At the root: each of our error types that wraps a cause says it once,
     /// whatever prints it (`{e}` in logs and Events, the chain on the command line).
     #[test]
     fn our_errors_say_their_cause_once() {

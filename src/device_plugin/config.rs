@@ -1,5 +1,5 @@
 //! The NVIDIA k8s-device-plugin config file (`api/config/v1`), the fields we render, named and
-//! shaped as the plugin reads them (shared/reference/nvidia-stack.md §1.1–1.2).
+//! shaped as the plugin reads them (docs/sources.md#device-plugin-config).
 
 use serde::{Deserialize, Serialize};
 

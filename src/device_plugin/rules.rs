@@ -1,6 +1,6 @@
 //! The NVIDIA device plugin's own validation, applied to what we render before it is written:
 //! the plugin exits on a config it rejects, even on a SIGHUP reload, so we must never write one.
-//! Messages are the plugin's (shared/reference/nvidia-stack.md §1.2 and §1.4).
+//! Messages are the plugin's (docs/sources.md#device-plugin-refusals).
 
 use super::config::{PluginConfig, ReplicatedResources};
 use crate::mps::MAX_REPLICAS;

@@ -179,7 +179,7 @@ fn check_mig(planned: &NodePlan, facts: &Facts, check: &mut Check) {
 }
 
 /// The driver branch commonly cited for MPS inside MIG devices (CUDA 11.4 / R470); NVIDIA's MIG
-/// User Guide, which documents MPS on MIG, gives no minimum (shared/reference/mig-nvml.md §5).
+/// User Guide, which documents MPS on MIG, gives no minimum (docs/sources.md#nvidia-mig-user-guide).
 const MPS_ON_MIG_BRANCH: u32 = 470;
 
 /// MPS needs its control daemon, and is not available on Tegra; MPS inside MIG devices wants a

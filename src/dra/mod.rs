@@ -1,4 +1,4 @@
-//! Dynamic Resource Allocation (issue 16): the resource.k8s.io/v1 ResourceSlices a node
+//! Dynamic Resource Allocation: the resource.k8s.io/v1 ResourceSlices a node
 //! publishes for its planned GPUs. This module is pure: it turns the plan's GPUs into API
 //! objects; [`pool`] decides (also purely) what a publish writes and which devices a
 //! re-partition withdraws first, and [`publish`] writes it through the API for

@@ -259,7 +259,7 @@ mod tests {
         assert!(node.gpus[2].mig.is_none());
     }
 
-    /// Issue 13, item 4: each of these used to become a node silently.
+    /// Each of these used to become a node silently.
     #[test]
     fn gpu_specs_that_would_mislead_are_refused() {
         let refused = |spec: &str| ObservedNode::from_gpu_specs(&[spec.to_string()]).unwrap_err();

@@ -8,7 +8,7 @@
 //! `:authority`. That is no URI authority, and the `h2` crate under tonic resets the stream
 //! (`malformed authority`, PROTOCOL_ERROR): measured on kubelet 1.36, "RegisterPlugin error --
 //! failed to get plugin info using RPC GetInfo … stream terminated by RST_STREAM with error
-//! code: PROTOCOL_ERROR" (issue 24). The kubelet's device manager and DRA client do not hit it
+//! code: PROTOCOL_ERROR". The kubelet's device manager and DRA client do not hit it
 //! (`WithAuthority("localhost")`, `unix:` targets), so only the registration socket needs this.
 //!
 //! Each accepted connection is spliced to the server through an in-memory pipe. Frames from the

@@ -1,6 +1,6 @@
 //! The `/dev/shm` that MPS servers and their clients share: a tmpfs at `<mps root>/shm`, as
-//! NVIDIA's `mps-control-daemon mount-shm` init container makes it (shared/reference/
-//! nvidia-stack.md §1.7). MPS clients talk to their server through `/dev/shm`, so the
+//! NVIDIA's `mps-control-daemon mount-shm` init container makes it (docs/sources.md#mps).
+//! MPS clients talk to their server through `/dev/shm`, so the
 //! container running the daemons and every client container must mount this one host
 //! directory as their `/dev/shm`; the tmpfs bounds it and keeps it `noexec`.
 //!

@@ -50,7 +50,7 @@ pub const MAX_RULES: usize = 1024;
 pub const MAX_GPU_INDEX: u32 = 63;
 
 /// The largest count of one MIG profile: no GPU holds more than 7 GPU instances (A100, H100,
-/// H200: 7 compute slices; shared/reference/mig-profiles.yaml).
+/// H200: 7 compute slices; data/mig-catalog.yaml, from the MIG User Guide).
 pub const MAX_MIG_COUNT: i64 = 7;
 
 /// The fewest time-slicing replicas: the NVIDIA device plugin refuses `replicas < 2` ("number of

@@ -1,5 +1,5 @@
 //! deploy/components/autopilot: the autopilot's Deployment, RBAC and admission policies
-//! (issue 15), against its contract (the lead's autopilot spec, mirrored in docs/autopilot.md):
+//! against its contract (the lead's autopilot spec, mirrored in docs/autopilot.md):
 //! flags and env, the requests it makes, the writes it may make.
 //!
 //! RBAC is checked twice: here against the contract's list of requests ([`contract_requests`]),

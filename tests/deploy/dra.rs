@@ -1,4 +1,4 @@
-//! deploy/overlays/dra and deploy/examples/dra (issue 16): the agent in DRA mode, its
+//! deploy/overlays/dra and deploy/examples/dra: the agent in DRA mode, its
 //! DeviceClasses, RBAC and ResourceSlice admission policy, and the example claims.
 //!
 //! The DeviceClass and claim selectors are evaluated with cel-interpreter on the devices

@@ -116,7 +116,7 @@ const PINNED: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
 
 /// One claim's device edits made into edits a container can take together. The runtime merges
 /// the edits of every CDI device a container gets, and for an env var the last one wins: with
-/// one `NVIDIA_VISIBLE_DEVICES` per device, a container with several devices saw one (issue 24,
+/// one `NVIDIA_VISIBLE_DEVICES` per device, a container with several devices saw one (as
 /// read from the specs on the test bed). So every device of the claim carries the same edits:
 /// one `NVIDIA_VISIBLE_DEVICES` list of all of them, the mounts of all, and for MPS the one
 /// daemon they share (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` re-indexed to the list). Refused, as

@@ -2,7 +2,7 @@
 //! ResourceHealthStatus, on in 1.36) opens `NodeWatchResources` on every registered driver and
 //! shows each allocated device's health in the pod's status (`allocatedResourcesStatus`).
 //! Without it, kubelet 1.36 logs "Error receiving from WatchResources stream … Unimplemented"
-//! every 5 s (issue 24).
+//! every 5 s.
 //!
 //! Every published device is streamed: Unhealthy while its GPU, or the MIG device it is or
 //! shares, raised a critical XID ([`crate::gpu::xid`]), Healthy otherwise. The whole list goes

@@ -1,5 +1,5 @@
 //! MPS control daemons: one `nvidia-cuda-mps-control -d` per shared resource name, laid out the
-//! way NVIDIA's mps-control-daemon does it (shared/reference/nvidia-stack.md §1.7):
+//! way NVIDIA's mps-control-daemon does it (docs/sources.md#mps):
 //!
 //! ```text
 //! <root>/<resource>/pipe/      CUDA_MPS_PIPE_DIRECTORY (the daemon's pid file and socket)

@@ -1,6 +1,6 @@
 //! Facts about the board a GPU sits on that NVIDIA's device plugin asks for besides MIG:
 //! the device minor number, the CUDA compute capability, and the PCIe topology between GPUs
-//! (shared/reference/nvidia-device-plugin-nvml.md lists the calls and why it needs each).
+//! (docs/sources.md#device-plugin-nvml lists the calls and why it needs each).
 
 use crate::state::Gpu;
 

@@ -6,7 +6,7 @@
 //! it to the file named by `FAKE_NVML_STATE`, point the client at [`cdylib_path`], run it, then
 //! read the state (and the `FAKE_NVML_LOG`, see [`faults`]) back.
 //!
-//! Behaviour follows shared/reference/mig-nvml.md; profile tables come from the same embedded
+//! Behaviour follows NVML's header and the MIG User Guide (docs/sources.md#nvml); profile tables come from the same embedded
 //! catalog (`data/mig-catalog.yaml`) the planner uses.
 #![deny(unsafe_op_in_unsafe_fn)]
 

@@ -4,7 +4,7 @@
 //! `driver/nvidia/capabilities/gpu<minor>/mig/gi<G>[/ci<C>]/access` file per existing GPU and
 //! compute instance. NVIDIA's plugin exits without them ("missing MIG GPU instance capability
 //! path: /proc/driver/nvidia/capabilities/gpu0/mig/gi7/access",
-//! shared/reference/nvidia-device-plugin-nvml.md).
+//! docs/sources.md#device-plugin-nvml).
 //!
 //! With `FAKE_NVML_PROC_ROOT` set (a simulated host's `proc` directory), the library keeps
 //! these files in step with the state, as the driver does: at `nvmlInit`, when the state file

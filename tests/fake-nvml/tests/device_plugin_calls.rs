@@ -1,5 +1,5 @@
 //! The NVML calls NVIDIA's k8s-device-plugin v0.20.0 makes beyond gpu-share's own, one test per
-//! call (shared/reference/nvidia-device-plugin-nvml.md measured which ones it needs and what
+//! call (docs/sources.md#device-plugin-nvml: measured which ones it needs and what
 //! breaks without each), plus the MIG procfs files it reads. Each scenario runs in a child
 //! process (see `support`).
 

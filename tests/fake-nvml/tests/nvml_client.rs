@@ -688,7 +688,7 @@ fn compute_modes_are_kept_logged_and_refused_as_nvml_does() {
     );
 }
 
-/// Issue 13 item 11: go-nvml looks GPUs up by PCI bus id; before the fix the symbol was missing
+/// Go-nvml looks GPUs up by PCI bus id; before the fix the symbol was missing
 /// (nvml-wrapper: FailedToLoadSymbol, go-nvml: "symbol lookup error").
 #[test]
 fn gpus_are_found_by_pci_bus_id_in_every_form_nvml_accepts() {
@@ -734,7 +734,7 @@ fn gpus_are_found_by_pci_bus_id_in_every_form_nvml_accepts() {
     run.assert_passed();
 }
 
-/// Issue 13 item 13: the unversioned (v1) and `_v2` names go-nvml binds before the newest one,
+/// The unversioned (v1) and `_v2` names go-nvml binds before the newest one,
 /// each with its own struct layout (nvml.h: legacy `nvmlPciInfo_t` with a 16-byte busId and
 /// reserved words; `nvmlProcessInfo_v1_t`; `nvmlComputeInstanceInfo_t` without placement).
 #[test]
@@ -850,7 +850,7 @@ fn legacy_names_fill_their_own_struct_versions() {
     run.assert_passed();
 }
 
-/// Issue 13 item 12: a real client (go-nvml through mig-parted's default configs) creates
+/// A real client (go-nvml through mig-parted's default configs) creates
 /// `1g.20gb` devices with CI profile index 0 (`NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE`); the fake
 /// answered NOT_SUPPORTED. The driver's own default CI there stays 1_SLICE_REV1 (7).
 #[test]

@@ -1,7 +1,7 @@
 //! The exported symbols: every name in `nvidia_ml::symbols` resolves in the built library,
 //! README.md lists exactly those names, and `src/ffi` exports nothing else.
 //!
-//! Issue 13 item 11: a go-nvml client died with "symbol lookup error" on
+//! A go-nvml client died with "symbol lookup error" on
 //! `nvmlDeviceGetHandleByPciBusId_v2`; item 13: every versioned/unversioned name of the calls
 //! we implement (nvml.h `#define nvmlX nvmlX_vN`, go-nvml `updateVersionedSymbols`) is exported.
 
@@ -43,7 +43,7 @@ fn every_name_of_an_implemented_call_is_exported() {
         }
     }
     // The names go-nvml v0.13 looks up in updateVersionedSymbols for calls the fake implements,
-    // and the PCI-bus-id lookup of issue 13 item 11.
+    // and the PCI-bus-id lookup go-nvml makes.
     for name in [
         "nvmlInit_v2",
         "nvmlDeviceGetPciInfo_v2",

@@ -10,7 +10,7 @@
 //!   not null, even empty: the apiserver checks `spec.SharedCounters != nil && spec.Devices !=
 //!   nil` (pkg/apis/resource/validation/validation.go, `validateResourceSliceSpec`), and JSON
 //!   `[]` decodes to a non-nil slice. A real 1.36.2 server refused gpu-share's counter slices
-//!   that carried `devices: []` (issue 24, second run on the test bed);
+//!   that carried `devices: []` (second run on the test bed);
 //! - `spec.devices`: at most 128 entries, 64 if any device consumes counters or has taints;
 //! - `spec.sharedCounters`: at most 8 counter sets; each at most 32 counters;
 //! - `spec.devices[i].consumesCounters`: at most 2 entries, one per counter set, each at most

@@ -5,7 +5,7 @@
 //! path. tonic's client cannot send that (a path is no URI authority), so this speaks HTTP/2
 //! itself: preface, SETTINGS, one HEADERS + DATA request on stream 1, then frames until the
 //! stream ends or is reset. It reproduces what a real kubelet 1.36 met: an h2 server resets
-//! such a stream with PROTOCOL_ERROR (issue 24).
+//! such a stream with PROTOCOL_ERROR.
 
 use std::path::Path;
 

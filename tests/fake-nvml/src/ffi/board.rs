@@ -1,5 +1,5 @@
 //! The calls NVIDIA's device plugin makes besides MIG management
-//! (shared/reference/nvidia-device-plugin-nvml.md): minor number, CUDA compute capability,
+//! (docs/sources.md#device-plugin-nvml): minor number, CUDA compute capability,
 //! MIG device attributes, PCIe topology and NVLink state.
 
 use super::*;
