@@ -247,7 +247,7 @@ fn fsync_cost() {
     for i in 0..rounds {
         let text = &texts[i % 2];
         let t0 = Instant::now();
-        assert!(gpu_share::device_plugin::write_if_changed(&path, text).unwrap());
+        assert!(gpu_share::nvidia_plugin::write_if_changed(&path, text).unwrap());
         durable.push(t0.elapsed().as_micros() as i64);
         // Different bytes again, so the next durable write has something to write.
         let other = format!("{text}# unsynced\n");

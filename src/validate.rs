@@ -3,7 +3,7 @@
 //! will need), then what the plugin that advertises the node can express.
 //!
 //! It composes: the format (`crate::profile`), each sharing mode's own rules (`crate::mig`,
-//! `crate::mps`, `crate::timeslice`), the NVIDIA plugin's refusals (`crate::device_plugin`) and
+//! `crate::mps`, `crate::timeslice`), the NVIDIA plugin's refusals (`crate::nvidia_plugin`) and
 //! the built-in plugin's limits (here: that plugin advertises exactly the plan, so what it cannot
 //! do fits in [`builtin_plugin_limits`]). So it sits above all of them and below `crate::plan`,
 //! which refuses to plan an invalid profile.
@@ -60,7 +60,7 @@ pub fn validate_for(name: &str, profile: &Profile, plugin: PluginKind) -> Vec<Pr
     problems.extend(overlapping_selectors(name, &profile.rules));
     problems.extend(check_mig_strategy(name, profile));
     problems.extend(match plugin {
-        PluginKind::Nvidia => crate::device_plugin::check_profile(name, profile),
+        PluginKind::Nvidia => crate::nvidia_plugin::check_profile(name, profile),
         PluginKind::Builtin => builtin_plugin_limits(name, profile),
         // Each GPU (and MIG device) is its own DRA device with its own attributes: none of
         // the NVIDIA plugin's node-wide restrictions applies, but the MPS daemons gpu-share

@@ -471,7 +471,7 @@ fn sharing_modes_sit_below_plan_and_plugin_config() {
         "sharing",
         "timeslice",
         "mps",
-        "device_plugin",
+        "nvidia_plugin",
         "validate",
         "plan",
     ];

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use gpu_share::device_plugin::{reload, write_if_changed, SignalTarget};
+use gpu_share::nvidia_plugin::{reload, write_if_changed, SignalTarget};
 use gpu_share::plan::{plan, ObservedNode};
 use gpu_share::profile::read_profiles;
 use nvidia_ml::{cdylib_path, Gpu, State};

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::apply::{ApplyOptions, DevicePluginOutput};
-use crate::device_plugin::SignalTarget;
 use crate::duration;
 use crate::mps::daemon::{self, MpsSettings};
+use crate::nvidia_plugin::SignalTarget;
 use crate::sharing::PluginKind;
 
 /// The agent's configuration: flags, each with an environment variable for the DaemonSet.

@@ -21,10 +21,10 @@ use tracing::{info, warn};
 pub use compute_mode::ComputeModeReport;
 pub use journal::Journal;
 
-use crate::device_plugin::{reload, write_if_changed, ReloadError, SignalTarget};
 use crate::gpu::{GpuError, Gpus, MigModeOutcome};
 use crate::mig::catalog;
 use crate::mps::daemon::{self, MpsError, MpsReport, MpsSettings};
+use crate::nvidia_plugin::{reload, write_if_changed, ReloadError, SignalTarget};
 use crate::plan::{plan_for, steps, NodePlan, ObservedNode, Step};
 use crate::profile::{Problem, Profile};
 use crate::sharing::PluginKind;

@@ -4,7 +4,7 @@
 //! MIG profile with different replica counts per GPU).
 //!
 //! - What it cannot express is `crate::validate`'s to say (the built-in plugin's limits),
-//!   beside the NVIDIA plugin's refusals (`device_plugin::check_profile`).
+//!   beside the NVIDIA plugin's refusals (`nvidia_plugin::check_profile`).
 //! - [`inventory`] (pure): from the applied plan and the GPUs NVML shows, the devices of every
 //!   advertised resource (`<uuid>` or `<uuid>::<n>` replica IDs), health, and what `Allocate`
 //!   and `GetPreferredAllocation` answer.

@@ -18,10 +18,10 @@ use crate::advise;
 use crate::agent::advertisement::{verdicts, Advertisement, DeviceVerdict};
 use crate::agent::AgentArgs;
 use crate::apply::{apply, resume, ApplyError, ApplyOptions, DevicePluginOutput};
-use crate::device_plugin::SignalTarget;
 use crate::gpu::Gpus;
 use crate::mig::catalog;
 use crate::mps::daemon::{self, MpsSettings};
+use crate::nvidia_plugin::SignalTarget;
 use crate::plan::{plan_for, ObservedNode};
 use crate::profile::{
     check_size, read_profiles, NamedProfile, Problem, Profile, MAX_PROFILE_BYTES,
@@ -439,7 +439,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::DevicePlugin(DevicePluginCommand::InitConfig(args)) => {
             let path = &args.plugin_config;
-            match crate::device_plugin::create_empty_unless_present(path) {
+            match crate::nvidia_plugin::create_empty_unless_present(path) {
                 Ok(true) => println!("{}: created, empty", path.display()),
                 Ok(false) => println!("{}: exists, left as it is", path.display()),
                 Err(e) => {

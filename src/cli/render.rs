@@ -540,9 +540,9 @@ mod tests {
     use super::*;
     use crate::apply::compute_mode::RecordError;
     use crate::apply::ApplyError;
-    use crate::device_plugin::ReloadError;
     use crate::gpu::{GpuError, NvmlCallError};
     use crate::mps::daemon::MpsError;
+    use crate::nvidia_plugin::ReloadError;
 
     /// Whether some error in `e`'s chain says its cause and also returns it as `source()`.
     fn says_a_cause_twice(e: &(dyn Error + 'static)) -> bool {

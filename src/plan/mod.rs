@@ -11,9 +11,9 @@ pub use crate::gpu::{MigDevice, MigMode, ObservedGpu, ObservedNode};
 pub use crate::sharing::{mig_resource, shared_name, GpuPlan, MigModeChange, MigMps, PlannedMode};
 pub use steps::{steps, Step};
 
-use crate::device_plugin::{self, PluginConfig};
 use crate::mig::{self, catalog, Geometry, GpuModel};
 use crate::mps::planned::{mig_mps, pinned_per_client};
+use crate::nvidia_plugin::{self, PluginConfig};
 use crate::profile::{
     mig_counts, DeviceSelector, MigStrategy, Mode, Problem, Profile, Rule, RuleRef,
 };
@@ -124,7 +124,7 @@ pub fn plan_for(
     }
     let device_plugin_config = match plugin {
         PluginKind::Nvidia => Some(
-            device_plugin::render(&gpus, strategy, profile, device_plugin::DEFAULT_MPS_ROOT)
+            nvidia_plugin::render(&gpus, strategy, profile, nvidia_plugin::DEFAULT_MPS_ROOT)
                 .map_err(|refusals| {
                     refusals
                         .into_iter()

@@ -97,7 +97,7 @@ impl Checkpoint {
     /// Replace the file atomically.
     pub fn save(&self, path: &Path) -> Result<(), String> {
         let text = serde_json::to_string_pretty(self).expect("plain data serializes");
-        crate::device_plugin::write_if_changed(path, &text)
+        crate::nvidia_plugin::write_if_changed(path, &text)
             .map(|_| ())
             .map_err(|e| format!("cannot write the DRA checkpoint {}: {e}", path.display()))
     }

@@ -120,7 +120,7 @@ impl Preparer {
         let written = match &spec {
             Some(spec) => {
                 let text = serde_json::to_string_pretty(spec).expect("plain data serializes");
-                crate::device_plugin::write_if_changed(&path, &text)
+                crate::nvidia_plugin::write_if_changed(&path, &text)
                     .map(|_| ())
                     .map_err(|e| format!("cannot write the CDI spec {}: {e}", path.display()))
             }

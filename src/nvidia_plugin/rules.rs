@@ -89,7 +89,7 @@ fn check_resource_name(name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device_plugin::config::{Flags, ReplicatedResource, Sharing};
+    use crate::nvidia_plugin::config::{Flags, ReplicatedResource, Sharing};
 
     fn config(strategy: MigStrategy, sharing: Sharing, mps_root: Option<&str>) -> PluginConfig {
         PluginConfig {
