@@ -222,6 +222,19 @@ fn each_applied_profile_has_an_event_naming_it() {
         "Applied events: {:?}",
         applied_notes(&api)
     );
+    // A log reader follows one change: what the reconcile logs carries the node, the profile
+    // and its hash, and the drain-and-apply step its own span.
+    let log = node.log();
+    let traced = log.lines().find(|l| {
+        l.contains("reconcile{node=gpu-8")
+            && l.contains("h100-inference")
+            && l.contains("hash=")
+            && l.contains("drain-and-apply")
+    });
+    assert!(
+        traced.is_some(),
+        "no line in the reconcile and step spans:\n{log}"
+    );
 }
 
 #[test]

@@ -23,7 +23,7 @@ use kube::api::{DeleteParams, ListParams};
 use kube::runtime::events::{EventType, Recorder};
 use kube::Api;
 use sha2::{Digest, Sha256};
-use tracing::{info, warn};
+use tracing::{info, info_span, warn, Instrument};
 
 use super::advertisement::Held;
 use super::drain::{drain, Disturbed, DrainError, DrainSettings};
@@ -137,7 +137,26 @@ impl Reconciler {
     /// Node's versions in order and the change that woke us is the newest, so it already
     /// holds this agent's own earlier writes. The GPUs' last inventory may stand in for NVML
     /// reads when no MIG step follows ([`Self::plan_inventory`]).
+    ///
+    /// Everything it logs is inside a `reconcile` span naming the node, the profile key and
+    /// the first 12 hex digits of its content hash, and each long step (`drain`, `apply`,
+    /// `allocatable`) in a span of its own, so a log reader can follow one change.
     pub async fn reconcile_seen(&self, desired: &Desired, seen: Option<&Node>) -> Outcome {
+        let (profile, hash) = match desired {
+            Desired::Profile { key, text } => (key.as_str(), content_hash(text)),
+            Desired::MissingKey { key } => (key.as_str(), String::new()),
+            Desired::Nothing => ("", String::new()),
+        };
+        let span = info_span!(
+            "reconcile",
+            node = %self.node_name,
+            profile,
+            hash = %&hash[..hash.len().min(12)]
+        );
+        self.reconcile_in_span(desired, seen).instrument(span).await
+    }
+
+    async fn reconcile_in_span(&self, desired: &Desired, seen: Option<&Node>) -> Outcome {
         let started = Instant::now();
         self.node_write_failures
             .lock()
@@ -237,6 +256,7 @@ impl Reconciler {
             let known = from_memory.then_some(observed);
             let applied = self
                 .apply_without_mig(key, &profile, known, published)
+                .instrument(info_span!("step", step = "apply"))
                 .await;
             // Without a MIG change nothing is in progress: a cordon of ours still there (its
             // uncordon lost to an API error) goes now.
@@ -260,7 +280,11 @@ impl Reconciler {
                 if let Some(failed) = self.failed_node_writes() {
                     return failed;
                 }
-                if let Err(short) = self.wait_for_allocatable(key, &node_plan.resources).await {
+                if let Err(short) = self
+                    .wait_for_allocatable(key, &node_plan.resources)
+                    .instrument(info_span!("step", step = "allocatable"))
+                    .await
+                {
                     return short;
                 }
                 self.publish(
@@ -372,7 +396,10 @@ impl Reconciler {
             .await
             .map_err(|e| failed("DrainSlotTimeout", e))?;
         let renewal = slot.spawn_renewal();
-        let result = self.drain_and_apply(change, &slot).await;
+        let result = self
+            .drain_and_apply(change, &slot)
+            .instrument(info_span!("step", step = "drain-and-apply", slot = %slot.name()))
+            .await;
         renewal.abort();
         self.release_cordon(None).await;
         slot.release().await;
