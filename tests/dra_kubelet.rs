@@ -140,7 +140,7 @@ impl Node {
         plugin
     }
 
-    fn start_plugin(&self) -> Result<KubeletPlugin, String> {
+    fn start_plugin(&self) -> Result<KubeletPlugin, gpu_share::dra::kubelet_plugin::StartError> {
         KubeletPlugin::start(
             &self.settings,
             self.api.client(),

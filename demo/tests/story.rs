@@ -105,9 +105,17 @@ fn the_demo_tells_the_whole_agent_story_and_exits_zero() {
         "event Cordoned: gpu-share: reconfiguring MIG for profile inference-mixed",
     );
     has_prefix(change, "event Applied: profile inference-mixed applied");
+    // The agent's line, inside the spans that say which reconcile and step it belongs to.
     has_prefix(
         change,
-        "agent log: gpu_share::agent::drain: eviction refused; waiting and retrying pod=default/tenant-c",
+        "agent log: reconcile{node=gpu-node-1 profile=\"inference-mixed\" hash=",
+    );
+    assert!(
+        change.lines().any(|l| l.contains(
+            "}:step{step=\"drain-and-apply\" slot=gpu-share-drain-0}: gpu_share::agent::drain: \
+             eviction refused; waiting and retrying pod=default/tenant-c"
+        )),
+        "{change}"
     );
     let blocked: f64 = change
         .lines()

@@ -7,7 +7,7 @@
 //! `success`, and the node advertised `nvidia.com/gpu: 0` until someone restarted the plugin.
 //! The kubelet updates the Node's status on its node-status period (10 s by default), so a
 //! healthy change is seen within seconds; a node still short after the agent's
-//! `--allocatable-timeout` fails with reason [`ALLOCATABLE_MISMATCH`], naming each resource with
+//! `--allocatable-timeout` fails with reason `AllocatableMismatch`, naming each resource with
 //! the expected and seen counts (Event, `gpu_share_reconcile_failures_total`), and is retried
 //! with backoff: it turns `success` once the plugin is back.
 
@@ -18,10 +18,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use tracing::{debug, info};
 
-use super::reconcile::{Outcome, Reconciler};
-
-/// The failure reason when the node does not advertise the plan in time.
-pub const ALLOCATABLE_MISMATCH: &str = "AllocatableMismatch";
+use super::outcome::Outcome;
+use super::reconcile::Reconciler;
 
 /// How often the Node is read while waiting.
 const POLL: Duration = Duration::from_millis(250);
@@ -98,7 +96,7 @@ impl Reconciler {
             }
             if started.elapsed() >= timeout {
                 return Err(Outcome::Failed {
-                    reason: ALLOCATABLE_MISMATCH,
+                    reason: super::outcome::Reason::AllocatableMismatch,
                     message: format!(
                         "profile {key} is applied but after {} the node does not advertise it: \
                          {last} (is the device plugin running? kubectl describe node shows its \

@@ -5,7 +5,8 @@
 use kube::runtime::events::EventType;
 use tracing::info;
 
-use super::reconcile::{failed, invalid, Outcome, Reconciler};
+use super::outcome::{failed, invalid, Outcome};
+use super::reconcile::Reconciler;
 use crate::dra::{self, publish};
 use crate::plan::{plan_for, NodePlan, ObservedNode};
 use crate::profile::Profile;
@@ -18,7 +19,7 @@ use crate::profile::Profile;
 fn publish_failure(e: &kube::Error) -> Outcome {
     match e {
         kube::Error::Api(status) if status.code == 422 => failed(
-            "SlicesRejected",
+            super::outcome::Reason::SlicesRejected,
             format!(
                 "the API server refused the ResourceSlices: {}; check that it serves \
                  resource.k8s.io/v1 as Kubernetes 1.34+ does (docs/dra.md, API limits)",
@@ -26,7 +27,7 @@ fn publish_failure(e: &kube::Error) -> Outcome {
             ),
         ),
         other => failed(
-            "PublishFailed",
+            super::outcome::Reason::PublishFailed,
             format!("could not publish the ResourceSlices: {other}"),
         ),
     }
@@ -77,7 +78,7 @@ impl Reconciler {
         let slices = dra::resource_slices(&self.node_name, 0, &next.gpus, observed);
         let gone = publisher.withdraw(&slices).await.map_err(|e| {
             failed(
-                "PublishFailed",
+                super::outcome::Reason::PublishFailed,
                 format!("could not withdraw the devices profile {key} removes from the ResourceSlices; nothing was cordoned or evicted: {e}"),
             )
         })?;

@@ -26,9 +26,6 @@ use prometheus_client::registry::Registry;
 pub const RESULTS: [&str; 3] = ["success", "failed", "noop"];
 /// Eviction outcomes, pre-registered at 0.
 pub const EVICTION_OUTCOMES: [&str; 2] = ["evicted", "blocked"];
-/// Failure reasons pre-registered at 0; any other reason is added when it first happens.
-pub const KNOWN_FAILURE_REASONS: [&str; 4] =
-    ["InvalidProfile", "DrainTimeout", "ApplyFailed", "ApiError"];
 /// The published states of `gpu-share.dev/profile.state`; `gpu_share_state` is one-hot over them.
 pub const STATES: [&str; 6] = [
     "pending", "draining", "applying", "success", "failed", "blocked",
@@ -161,8 +158,10 @@ impl Metrics {
         for r in RESULTS {
             let _ = reconciles.get_or_create(&ResultLabels { result: r.into() });
         }
-        for r in KNOWN_FAILURE_REASONS {
-            let _ = failures.get_or_create(&ReasonLabels { reason: r.into() });
+        for r in super::outcome::Reason::ALL {
+            let _ = failures.get_or_create(&ReasonLabels {
+                reason: r.as_str().into(),
+            });
         }
         for o in EVICTION_OUTCOMES {
             let _ = evictions.get_or_create(&OutcomeLabels { outcome: o.into() });

@@ -19,6 +19,7 @@ pub mod http;
 pub mod lease;
 pub mod metrics;
 pub mod node;
+pub mod outcome;
 pub mod pods;
 pub mod readvertised;
 pub mod reconcile;
@@ -47,7 +48,8 @@ use drain::DrainSettings;
 use http::Health;
 use lease::DrainSlots;
 use metrics::Metrics;
-use reconcile::{Desired, Outcome, Reconciler};
+use outcome::Outcome;
+use reconcile::{Desired, Reconciler};
 
 pub use args::{AgentArgs, Reload};
 
@@ -280,7 +282,7 @@ fn start_dra_plugin(
     };
     info!(registration = %settings.registration_dir.display(),
           plugin = %settings.plugin_dir.display(), "serving the kubelet DRA plugin");
-    KubeletPlugin::start(&settings, client, inputs).map_err(anyhow::Error::msg)
+    Ok(KubeletPlugin::start(&settings, client, inputs)?)
 }
 
 /// `config` with every read and write bounded by `limit`, counted from when the request is

@@ -30,13 +30,14 @@ use super::drain::{drain, Disturbed, DrainError, DrainSettings};
 use super::lease::{DrainSlot, DrainSlots};
 use super::metrics::Metrics;
 use super::node::{self, State};
+use super::outcome::{failed, invalid, Outcome, Reason};
 use super::pods::{disturbed_devices, disturbed_processes};
 use crate::apply::{apply_with_inventory, check_state_dir, ApplyError, ApplyOptions};
 use crate::builtin_plugin::{Inventory, PluginManager};
 use crate::gpu::{Gpus, SharedGpus};
 use crate::kubelet::pod_resources::holders_of;
 use crate::plan::{plan_for, steps, NodePlan, ObservedNode, Step};
-use crate::profile::{parse_profile, PluginOptions, Problem, Profile};
+use crate::profile::{parse_profile, PluginOptions, Profile};
 
 /// How long the kubelet's PodResources `List` may take before the drain goes on without it.
 pub(super) const KUBELET_TIMEOUT: Duration = Duration::from_secs(10);
@@ -108,19 +109,6 @@ pub struct Reconciler {
     pub allocatable_timeout: Duration,
 }
 
-/// How a reconcile ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// Nothing to do (no label, or already matching and published).
-    Noop,
-    Success,
-    /// Failed; retry later without waiting for a label change.
-    Failed {
-        reason: &'static str,
-        message: String,
-    },
-}
-
 impl Reconciler {
     fn nodes(&self) -> Api<Node> {
         Api::all(self.client.clone())
@@ -166,7 +154,7 @@ impl Reconciler {
         let mut outcome = match desired {
             Desired::Nothing => self.leave_alone().await,
             Desired::MissingKey { key } => Outcome::Failed {
-                reason: "MissingProfile",
+                reason: Reason::MissingProfile,
                 message: format!(
                     "the node's label {}={key} names no key of ConfigMap {}",
                     node::PROFILE_LABEL,
@@ -183,7 +171,7 @@ impl Reconciler {
         if let Outcome::Failed { reason, message } = &outcome {
             // Whatever failed may have left the GPUs other than last read.
             self.forget_inventory();
-            self.fail(reason, message).await;
+            self.fail(*reason, message).await;
         }
         let result = match &outcome {
             Outcome::Noop => "noop",
@@ -192,7 +180,8 @@ impl Reconciler {
         };
         self.metrics.reconciled(result, started.elapsed());
         // After a refused prediction too: its author re-plans from what the kubelet lists now.
-        if !matches!(outcome, Outcome::Failed { reason, .. } if reason != EVICTIONS_NOT_PREDICTED) {
+        if !matches!(outcome, Outcome::Failed { reason, .. } if reason != Reason::EvictionsNotPredicted)
+        {
             self.publish_devices_in_use(seen).await;
         }
         outcome
@@ -326,7 +315,10 @@ impl Reconciler {
                 }
             }
         }
-        let observed = self.observe().await.map_err(|e| failed("GpuError", e))?;
+        let observed = self
+            .observe()
+            .await
+            .map_err(|e| failed(Reason::GpuError, e))?;
         let node_plan =
             plan_for(key, profile, &observed, self.apply.plugin).map_err(|p| invalid(&p))?;
         let todo = steps(&node_plan, &observed);
@@ -377,10 +369,10 @@ impl Reconciler {
         let opts = self.apply.clone();
         tokio::task::spawn_blocking(move || check_state_dir(&opts))
             .await
-            .map_err(|e| failed("StateDirUnwritable", e))?
+            .map_err(|e| failed(Reason::StateDirUnwritable, e))?
             .map_err(|e| {
                 failed(
-                    "StateDirUnwritable",
+                    Reason::StateDirUnwritable,
                     format!("{e}; nothing was cordoned or evicted"),
                 )
             })?;
@@ -394,7 +386,7 @@ impl Reconciler {
             .slots
             .acquire(self.drain.timeout)
             .await
-            .map_err(|e| failed("DrainSlotTimeout", e))?;
+            .map_err(|e| failed(Reason::DrainSlotTimeout, e))?;
         let renewal = slot.spawn_renewal();
         let result = self
             .drain_and_apply(change, &slot)
@@ -427,7 +419,7 @@ impl Reconciler {
             .map_err(|e| {
                 let what = format!("could not cordon: {}", node::describe(&e));
                 self.note_refusal(&what, &e);
-                failed("ApiError", what)
+                failed(Reason::ApiError, what)
             })?;
         if cordoned {
             self.event(EventType::Normal, "Cordoned", &reason).await;
@@ -474,9 +466,9 @@ impl Reconciler {
             )
             .await
             .map_err(|e| match e {
-                DrainError::NotEvictable { .. } => failed(POD_NOT_EVICTABLE, e),
-                DrainError::NotPredicted { .. } => failed(EVICTIONS_NOT_PREDICTED, e),
-                _ => failed("DrainTimeout", e),
+                DrainError::NotEvictable { .. } => failed(Reason::PodNotEvictable, e),
+                DrainError::NotPredicted { .. } => failed(Reason::EvictionsNotPredicted, e),
+                _ => failed(Reason::DrainTimeout, e),
             })?;
             self.event(
                 EventType::Normal,
@@ -489,7 +481,7 @@ impl Reconciler {
             // Renewals failed long enough for another node to take the slot: applying now could
             // put more nodes into reconfiguration than the fleet budget allows.
             return Err(Outcome::Failed {
-                reason: "DrainSlotLost",
+                reason: Reason::DrainSlotLost,
                 message: format!(
                     "lost drain slot {} before applying; will retry",
                     slot.name()
@@ -558,10 +550,10 @@ impl Reconciler {
             gpus.with(|gpus| apply_with_inventory(gpus, &key_owned, &profile, &opts, known))
         })
         .await
-        .map_err(|e| failed("ApplyFailed", e))?
+        .map_err(|e| failed(Reason::ApplyFailed, e))?
         .map_err(|e| match e {
             ApplyError::Invalid(problems) => invalid(&problems),
-            other => failed("ApplyFailed", other),
+            other => failed(Reason::ApplyFailed, other),
         })?;
         if !report.steps.is_empty() || !report.compute_mode.changed.is_empty() {
             // The GPUs are no longer as last read.
@@ -574,7 +566,7 @@ impl Reconciler {
         }
         if !report.reset_required.is_empty() {
             return Err(Outcome::Failed {
-                reason: "ResetRequired",
+                reason: Reason::ResetRequired,
                 message: format!(
                     "the MIG mode change on GPU {:?} waits for a GPU reset or reboot",
                     report.reset_required
@@ -608,7 +600,10 @@ impl Reconciler {
         plan: &NodePlan,
         plugin_options: &PluginOptions,
     ) -> Result<(Inventory, ObservedNode), Outcome> {
-        let observed = self.observe().await.map_err(|e| failed("GpuError", e))?;
+        let observed = self
+            .observe()
+            .await
+            .map_err(|e| failed(Reason::GpuError, e))?;
         let inventory = Inventory::from_plan(plan, &observed, plugin_options, &self.apply.mps.root);
         Ok((inventory, observed))
     }
@@ -628,7 +623,7 @@ impl Reconciler {
         }
         crate::builtin_plugin::cdi::refresh(&self.cdi_refresh)
             .await
-            .map_err(|e| failed("CdiRefreshFailed", e))?;
+            .map_err(|e| failed(Reason::CdiRefreshFailed, e))?;
         info!(command = %self.cdi_refresh.join(" "), "CDI spec refreshed");
         self.cdi_refresh_owed.store(false, Ordering::SeqCst);
         Ok(())
@@ -717,7 +712,7 @@ impl Reconciler {
     fn failed_node_writes(&self) -> Option<Outcome> {
         let failures = self.node_write_failures.lock().expect("not poisoned");
         (!failures.is_empty()).then(|| Outcome::Failed {
-            reason: "ApiError",
+            reason: Reason::ApiError,
             message: format!("{}; will retry", failures.join("; ")),
         })
     }
@@ -745,18 +740,19 @@ impl Reconciler {
             .clone()
     }
 
-    async fn fail(&self, reason: &'static str, message: &str) {
-        warn!(reason, message, "reconcile failed");
-        self.metrics.failed(reason);
+    async fn fail(&self, reason: Reason, message: &str) {
+        warn!(reason = reason.as_str(), message, "reconcile failed");
+        self.metrics.failed(reason.as_str());
         // A drain that would lose a pod waits for a person (or the pod's end), not for a fix
         // of the profile: `blocked`, not `failed`. It is retried like any failure.
-        let state = if reason == POD_NOT_EVICTABLE || reason == EVICTIONS_NOT_PREDICTED {
+        let state = if reason.blocks() {
             State::Blocked
         } else {
             State::Failed
         };
         self.publish(state, message, None).await;
-        self.event(EventType::Warning, reason, message).await;
+        self.event(EventType::Warning, reason.as_str(), message)
+            .await;
         match node::uncordon_if_ours(&self.nodes(), &self.node_name).await {
             Ok(true) => info!("node uncordoned after the failure"),
             Ok(false) => {}
@@ -793,31 +789,4 @@ async fn still_running(gpus: SharedGpus, pids: Vec<u32>) -> Vec<u32> {
     })
     .await
     .unwrap_or_default()
-}
-
-pub(super) fn invalid(problems: &[Problem]) -> Outcome {
-    let errors: Vec<String> = problems
-        .iter()
-        .filter(|p| p.is_error())
-        .map(ToString::to_string)
-        .collect();
-    Outcome::Failed {
-        reason: "InvalidProfile",
-        message: format!("nothing was changed: {}", errors.join("; ")),
-    }
-}
-
-/// The reason of a drain refused before its first eviction, because a pod would be lost with
-/// it (a bare pod, emptyDir data); published as state `blocked`.
-pub(super) const POD_NOT_EVICTABLE: &str = "PodNotEvictable";
-
-/// The reason of a drain refused before its first eviction because it would evict pods the
-/// profile's author (the autopilot) did not predict; published as state `blocked`.
-pub(super) const EVICTIONS_NOT_PREDICTED: &str = "EvictionsNotPredicted";
-
-pub(super) fn failed(reason: &'static str, e: impl std::fmt::Display) -> Outcome {
-    Outcome::Failed {
-        reason,
-        message: e.to_string(),
-    }
 }

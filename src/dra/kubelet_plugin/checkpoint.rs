@@ -8,7 +8,7 @@
 //! answer, calls Prepare again.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -72,34 +72,67 @@ impl From<&PreparedDevice> for Device {
     }
 }
 
+/// Why the DRA checkpoint cannot be used, naming the file and what to do; each variant says its
+/// cause in its message (a cause is said once).
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error(
+        "the DRA checkpoint {} is over {MAX_CHECKPOINT_BYTES} bytes, more than the claims a node \
+         can hold; move it away to start afresh (prepared claims' CDI specs are then removed)",
+        path.display()
+    )]
+    TooLarge { path: PathBuf },
+    #[error(
+        "the DRA checkpoint {} is unreadable ({cause}); move it away to start afresh (prepared \
+         claims' CDI specs are then removed)",
+        path.display()
+    )]
+    Corrupt {
+        path: PathBuf,
+        cause: serde_json::Error,
+    },
+    #[error("cannot read {}: {cause}", path.display())]
+    Read {
+        path: PathBuf,
+        cause: std::io::Error,
+    },
+    #[error("cannot write the DRA checkpoint {}: {cause}", path.display())]
+    Write {
+        path: PathBuf,
+        cause: std::io::Error,
+    },
+}
+
 impl Checkpoint {
     /// The checkpoint in `path`; empty when there is none yet. An unreadable file is an error
     /// naming it: starting empty would forget prepared claims and delete their CDI specs.
-    pub fn load(path: &Path) -> Result<Checkpoint, String> {
+    pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
+        let path_buf = || path.to_path_buf();
         match read_bounded(path) {
-            Ok(bytes) if bytes.len() as u64 > MAX_CHECKPOINT_BYTES => Err(format!(
-                "the DRA checkpoint {} is over {MAX_CHECKPOINT_BYTES} bytes, more than the \
-                 claims a node can hold; move it away to start afresh (prepared claims' CDI \
-                 specs are then removed)",
-                path.display()
-            )),
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                format!(
-                    "the DRA checkpoint {} is unreadable ({e}); move it away to start afresh (prepared claims' CDI specs are then removed)",
-                    path.display()
-                )
+            Ok(bytes) if bytes.len() as u64 > MAX_CHECKPOINT_BYTES => {
+                Err(CheckpointError::TooLarge { path: path_buf() })
+            }
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|cause| CheckpointError::Corrupt {
+                path: path_buf(),
+                cause,
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Checkpoint::default()),
-            Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+            Err(cause) => Err(CheckpointError::Read {
+                path: path_buf(),
+                cause,
+            }),
         }
     }
 
     /// Replace the file atomically.
-    pub fn save(&self, path: &Path) -> Result<(), String> {
+    pub fn save(&self, path: &Path) -> Result<(), CheckpointError> {
         let text = serde_json::to_string_pretty(self).expect("plain data serializes");
         crate::nvidia_plugin::write_if_changed(path, &text)
             .map(|_| ())
-            .map_err(|e| format!("cannot write the DRA checkpoint {}: {e}", path.display()))
+            .map_err(|cause| CheckpointError::Write {
+                path: path.to_path_buf(),
+                cause,
+            })
     }
 
     /// The prepared claim's answer, if it is prepared.
@@ -153,17 +186,23 @@ mod tests {
         assert!(back.prepared("uid-2").is_none());
         std::fs::write(&path, "{not json").unwrap();
         let e = Checkpoint::load(&path).unwrap_err();
+        assert!(matches!(e, CheckpointError::Corrupt { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("checkpoint.json is unreadable"), "{e}");
         // Over the bound: refused by size, with at most the bound (and a byte) read.
         let file = std::fs::File::create(&path).unwrap();
         file.set_len(MAX_CHECKPOINT_BYTES + 4096).unwrap();
-        let e = Checkpoint::load(&path).unwrap_err();
+        let e = Checkpoint::load(&path).unwrap_err().to_string();
         assert!(e.contains("checkpoint.json is over 67108864 bytes"), "{e}");
         // A device that never ends is read to the bound, not for ever.
-        let e = Checkpoint::load(Path::new("/dev/zero")).unwrap_err();
+        let e = Checkpoint::load(Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("is over 67108864 bytes"), "{e}");
         std::fs::write(&path, "{not json").unwrap();
         let e = Checkpoint::load(&path).unwrap_err();
+        assert!(matches!(e, CheckpointError::Corrupt { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("checkpoint.json is unreadable"), "{e}");
     }
 }

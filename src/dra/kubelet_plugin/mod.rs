@@ -81,6 +81,18 @@ pub struct KubeletPlugin {
     registration_service: RegistrationService,
 }
 
+/// Why the kubelet DRA plugin could not start; each variant says its cause in its message.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Recover(#[from] service::RecoverError),
+    #[error("cannot serve {}: {cause}", socket.display())]
+    Serve {
+        socket: std::path::PathBuf,
+        cause: std::io::Error,
+    },
+}
+
 impl KubeletPlugin {
     /// Recover from the checkpoint (see [`Preparer::recover`]), serve the DRA socket, then the
     /// registration socket (the kubelet dials the DRA socket as soon as it reads `GetInfo`).
@@ -88,7 +100,7 @@ impl KubeletPlugin {
         settings: &Settings,
         client: kube::Client,
         inputs: Inputs,
-    ) -> Result<KubeletPlugin, String> {
+    ) -> Result<KubeletPlugin, StartError> {
         let dra_socket = settings.plugin_dir.join(DRA_SOCKET);
         let health = HealthService {
             slices: inputs.slices.clone(),
@@ -105,8 +117,9 @@ impl KubeletPlugin {
             checkpoint: Mutex::default(),
         }
         .recover()?;
-        let cannot_serve = |socket: &std::path::Path, e: std::io::Error| {
-            format!("cannot serve {}: {e}", socket.display())
+        let cannot_serve = |socket: &std::path::Path, cause: std::io::Error| StartError::Serve {
+            socket: socket.to_path_buf(),
+            cause,
         };
         for dir in [&settings.plugin_dir, &settings.registration_dir] {
             std::fs::create_dir_all(dir).map_err(|e| cannot_serve(dir, e))?;

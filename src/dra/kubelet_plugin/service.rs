@@ -17,7 +17,7 @@ use super::api::dra::{
     NodePrepareResourcesResponse, NodeUnprepareResourceResponse, NodeUnprepareResourcesRequest,
     NodeUnprepareResourcesResponse,
 };
-use super::checkpoint::{Checkpoint, ClaimEntry, ClaimState, PreparedDevice};
+use super::checkpoint::{Checkpoint, CheckpointError, ClaimEntry, ClaimState, PreparedDevice};
 use super::{cdi, claim, devices};
 use crate::builtin_plugin::{DeviceListing, Inventory};
 use crate::dra::api::ResourceSlice;
@@ -43,7 +43,7 @@ impl Preparer {
     /// Load the checkpoint and clean up after an earlier run: claims still `preparing` are
     /// forgotten and their specs removed (the kubelet got no answer and will ask again), and any
     /// spec of this plugin without a prepared claim is removed.
-    pub fn recover(mut self) -> Result<Self, String> {
+    pub fn recover(mut self) -> Result<Self, RecoverError> {
         let mut checkpoint = Checkpoint::load(&self.checkpoint_path)?;
         checkpoint.claims.retain(|uid, entry| {
             let keep = entry.state == ClaimState::Prepared;
@@ -58,11 +58,16 @@ impl Preparer {
         Ok(self)
     }
 
-    fn remove_stale_specs(&self, checkpoint: &Checkpoint) -> Result<(), String> {
+    fn remove_stale_specs(&self, checkpoint: &Checkpoint) -> Result<(), RecoverError> {
         let entries = match std::fs::read_dir(&self.cdi_root) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(format!("cannot list {}: {e}", self.cdi_root.display())),
+            Err(cause) => {
+                return Err(RecoverError::ListSpecs {
+                    dir: self.cdi_root.clone(),
+                    cause,
+                })
+            }
         };
         for entry in entries.flatten() {
             let name = entry.file_name();
@@ -116,7 +121,9 @@ impl Preparer {
             devices: Vec::new(),
         };
         checkpoint.claims.insert(claim.uid.clone(), entry.clone());
-        checkpoint.save(&self.checkpoint_path)?;
+        checkpoint
+            .save(&self.checkpoint_path)
+            .map_err(|e| e.to_string())?;
         let written = match &spec {
             Some(spec) => {
                 let text = serde_json::to_string_pretty(spec).expect("plain data serializes");
@@ -124,12 +131,17 @@ impl Preparer {
                     .map(|_| ())
                     .map_err(|e| format!("cannot write the CDI spec {}: {e}", path.display()))
             }
-            None => remove_file(&path),
+            None => remove_file(&path).map_err(|e| e.to_string()),
         };
         entry.state = ClaimState::Prepared;
         entry.devices = answer.clone();
         checkpoint.claims.insert(claim.uid.clone(), entry);
-        if let Err(e) = written.and_then(|()| checkpoint.save(&self.checkpoint_path)) {
+        let saved = written.and_then(|()| {
+            checkpoint
+                .save(&self.checkpoint_path)
+                .map_err(|e| e.to_string())
+        });
+        if let Err(e) = saved {
             // Not prepared after all: no spec, no entry, so the kubelet's retry starts afresh
             // (a file still saying `preparing` is cleaned up at the next start).
             checkpoint.claims.remove(&claim.uid);
@@ -207,9 +219,13 @@ impl Preparer {
     /// unprepared already) succeeds, as the kubelet may ask again after a restart.
     pub async fn unprepare(&self, claim: &Claim) -> NodeUnprepareResourceResponse {
         let mut checkpoint = self.checkpoint.lock().await;
-        let result = remove_file(&cdi::spec_path(&self.cdi_root, &claim.uid)).and_then(|()| {
+        let result = remove_file(&cdi::spec_path(&self.cdi_root, &claim.uid))
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
             if checkpoint.claims.remove(&claim.uid).is_some() {
-                checkpoint.save(&self.checkpoint_path)?;
+                checkpoint
+                    .save(&self.checkpoint_path)
+                    .map_err(|e| e.to_string())?;
                 info!(claim = %format!("{}/{}", claim.namespace, claim.name), "unprepared the claim");
             }
             Ok(())
@@ -220,12 +236,30 @@ impl Preparer {
     }
 }
 
+/// Why the plugin could not clean up after an earlier run at start; each variant says its
+/// cause in its message (a cause is said once).
+#[derive(Debug, thiserror::Error)]
+pub enum RecoverError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("cannot list {}: {cause}", dir.display())]
+    ListSpecs { dir: PathBuf, cause: std::io::Error },
+    #[error("cannot remove {}: {cause}", path.display())]
+    RemoveSpec {
+        path: std::path::PathBuf,
+        cause: std::io::Error,
+    },
+}
+
 /// Remove `path`; already gone is fine.
-fn remove_file(path: &std::path::Path) -> Result<(), String> {
+fn remove_file(path: &std::path::Path) -> Result<(), RecoverError> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(format!("cannot remove {}: {e}", path.display())),
+        Err(cause) => Err(RecoverError::RemoveSpec {
+            path: path.to_path_buf(),
+            cause,
+        }),
     }
 }
 
