@@ -868,3 +868,41 @@ fn advise_takes_dash_o_like_the_other_printing_subcommands() {
     );
     assert_eq!(json(&out)["plugin"], "nvidia");
 }
+
+/// The set-up steps print JSON for scripts too, and `schema` prints YAML on request.
+#[test]
+fn init_config_and_schema_take_dash_o() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    let config_arg = config.display().to_string();
+    let first = gpu_share(&[
+        "device-plugin",
+        "init-config",
+        "--plugin-config",
+        &config_arg,
+        "-o",
+        "json",
+    ]);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert_eq!(json(&first)["created"], true);
+    assert_eq!(json(&first)["path"], config_arg.as_str());
+    let again = gpu_share(&[
+        "device-plugin",
+        "init-config",
+        "--plugin-config",
+        &config_arg,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(json(&again)["created"], false);
+
+    let yaml = gpu_share(&["schema", "-o", "yaml"]);
+    assert!(yaml.status.success());
+    let schema: serde_json::Value = serde_yaml::from_slice(&yaml.stdout).unwrap();
+    let json_schema = json(&gpu_share(&["schema"]));
+    assert_eq!(schema, json_schema);
+}

@@ -180,3 +180,26 @@ fn a_root_that_cannot_be_created_is_named() {
         text(&out)
     );
 }
+
+#[test]
+#[cfg_attr(
+    no_mount_namespace,
+    ignore = "unshare --mount is refused here (needs root): the real tmpfs mount is not exercised"
+)]
+fn says_what_it_did_as_json_for_scripts() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("mps");
+    let out = in_namespace(&format!(
+        r#"set -e; "$B" mps mount-shm --mps-root {root} -o json; echo ---; "$B" mps mount-shm --mps-root {root} -o json"#,
+        root = root.display()
+    ));
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8(out.stdout.clone()).unwrap();
+    let (first, second) = stdout.split_once("---").unwrap();
+    let first: serde_json::Value = serde_json::from_str(first).unwrap();
+    let second: serde_json::Value = serde_json::from_str(second).unwrap();
+    assert_eq!(first["outcome"], "mounted", "{}", text(&out));
+    assert_eq!(first["sizedByMemory"], true, "{}", text(&out));
+    assert_eq!(second["outcome"], "alreadyMounted", "{}", text(&out));
+    assert_eq!(second["mount"]["fsType"], "tmpfs", "{}", text(&out));
+}

@@ -93,6 +93,15 @@ struct InitConfigArgs {
     /// The config file the plugin reads (its CONFIG_FILE) and the agent writes.
     #[arg(long, env = "GPU_SHARE_PLUGIN_CONFIG")]
     plugin_config: PathBuf,
+    #[command(flatten)]
+    out: OutputArgs,
+}
+
+/// What `device-plugin init-config` did, for `-o json|yaml`.
+#[derive(Serialize)]
+struct InitConfigOutcome<'a> {
+    path: &'a Path,
+    created: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -112,6 +121,8 @@ struct MountShmArgs {
     /// Where /proc is: meminfo sizes the tmpfs, self/mountinfo tells whether it is mounted.
     #[arg(long, default_value = "/proc")]
     proc_root: PathBuf,
+    #[command(flatten)]
+    out: OutputArgs,
 }
 
 #[derive(Args, Debug)]
@@ -354,6 +365,16 @@ struct SchemaArgs {
     /// Which format.
     #[arg(long, value_enum, default_value_t = SchemaOf::Profile)]
     of: SchemaOf,
+    /// The schema as JSON (the default, what editors read) or YAML.
+    #[arg(long, short, value_enum, default_value_t = SchemaOutput::Json)]
+    output: SchemaOutput,
+}
+
+/// A schema has no text form: JSON or YAML.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum SchemaOutput {
+    Json,
+    Yaml,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -406,7 +427,10 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                 SchemaOf::Demand => schemars::schema_for!(advise::Demand),
                 SchemaOf::Supply => schemars::schema_for!(advise::Supply),
             };
-            println!("{}", serde_json::to_string_pretty(&schema)?);
+            match args.output {
+                SchemaOutput::Json => println!("{}", serde_json::to_string_pretty(&schema)?),
+                SchemaOutput::Yaml => print!("{}", serde_yaml::to_string(&schema)?),
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Catalog(out) => {
@@ -440,8 +464,16 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::DevicePlugin(DevicePluginCommand::InitConfig(args)) => {
             let path = &args.plugin_config;
             match crate::nvidia_plugin::create_empty_unless_present(path) {
-                Ok(true) => println!("{}: created, empty", path.display()),
-                Ok(false) => println!("{}: exists, left as it is", path.display()),
+                Ok(created) => {
+                    emit(
+                        args.out.output,
+                        &InitConfigOutcome { path, created },
+                        |o| match o.created {
+                            true => format!("{}: created, empty\n", o.path.display()),
+                            false => format!("{}: exists, left as it is\n", o.path.display()),
+                        },
+                    )?
+                }
                 Err(e) => {
                     eprintln!("error: cannot create {}: {e}", path.display());
                     return Ok(ExitCode::FAILURE);
@@ -452,7 +484,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Mps(MpsCommand::MountShm(args)) => {
             match crate::mps::shm::mount_shm(&args.mps_root, &args.proc_root) {
                 Ok(outcome) => {
-                    println!("{outcome}");
+                    emit(args.out.output, &outcome, |o| format!("{o}\n"))?;
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {

@@ -51,7 +51,8 @@ pub fn options(size: &str) -> String {
 }
 
 /// One line of `/proc/<pid>/mountinfo`, the fields gpu-share reads.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct MountEntry {
     /// Where it is mounted, relative to the reading process's root.
     pub mount_point: PathBuf,
@@ -168,7 +169,12 @@ fn hint(errno: Errno) -> &'static str {
 }
 
 /// What [`mount_shm`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase",
+    tag = "outcome"
+)]
 pub enum ShmOutcome {
     /// A new tmpfs is mounted with these options; `sized_by_memory` is false when
     /// `/proc/meminfo` could not be read and [`FALLBACK_SIZE`] was used.
