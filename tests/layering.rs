@@ -254,16 +254,21 @@ fn graph(sources: &[Source]) -> Graph {
         for (line, segments) in crate_paths(&source.code) {
             let to = segments[0].clone();
             if to != from && to != "self" && to != "super" {
-                graph
-                    .entry(from.clone())
-                    .or_default()
-                    .entry(to)
-                    .or_default()
-                    .push(format!("src/{}:{line}", source.rel));
+                add_edge(&mut graph, &from, to, format!("src/{}:{line}", source.rel));
             }
         }
     }
     graph
+}
+
+/// An edge `from` -> `to`, made at `place` (`file:line`).
+fn add_edge(graph: &mut Graph, from: &str, to: String, place: String) {
+    graph
+        .entry(from.to_string())
+        .or_default()
+        .entry(to)
+        .or_default()
+        .push(place);
 }
 
 /// The module a file is a child of, as a `src/`-relative directory (`doctor` for
@@ -365,12 +370,7 @@ fn sibling_graphs(sources: &[Source]) -> BTreeMap<String, Graph> {
                     continue;
                 };
                 if to != from {
-                    graph
-                        .entry(from.clone())
-                        .or_default()
-                        .entry(to)
-                        .or_default()
-                        .push(format!("src/{}:{line}", source.rel));
+                    add_edge(&mut graph, &from, to, format!("src/{}:{line}", source.rel));
                 }
             }
         }

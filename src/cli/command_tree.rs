@@ -104,7 +104,8 @@ fn old_spellings_still_parse() {
 
     use clap::Parser;
 
-    use super::{Command as Sub, MpsCommand};
+    use super::setup::MpsCommand;
+    use super::Command as Sub;
 
     let cli = Cli::try_parse_from([
         "gpu-share",

@@ -5,6 +5,7 @@
 mod command_tree;
 mod logging;
 mod render;
+mod setup;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -74,55 +75,10 @@ enum Command {
     Doctor(DoctorArgs),
     /// MPS on this node, set-up steps outside the agent.
     #[command(subcommand)]
-    Mps(MpsCommand),
+    Mps(setup::MpsCommand),
     /// The NVIDIA device plugin's config file, set-up steps outside the agent.
     #[command(subcommand)]
-    DevicePlugin(DevicePluginCommand),
-}
-
-#[derive(Subcommand, Debug)]
-enum DevicePluginCommand {
-    /// Create an empty config (the plugin's defaults: whole GPUs, no sharing) unless the file
-    /// exists: the plugin exits without one, and the agent writes one only once a profile
-    /// applies. An init container runs it before the plugin starts.
-    InitConfig(InitConfigArgs),
-}
-
-#[derive(Args, Debug)]
-struct InitConfigArgs {
-    /// The config file the plugin reads (its CONFIG_FILE) and the agent writes.
-    #[arg(long, env = "GPU_SHARE_PLUGIN_CONFIG")]
-    plugin_config: PathBuf,
-    #[command(flatten)]
-    out: OutputArgs,
-}
-
-/// What `device-plugin init-config` did, for `-o json|yaml`.
-#[derive(Serialize)]
-struct InitConfigOutcome<'a> {
-    path: &'a Path,
-    created: bool,
-}
-
-#[derive(Subcommand, Debug)]
-enum MpsCommand {
-    /// Mount the tmpfs that MPS servers and clients share as /dev/shm at <root>/shm (NVIDIA's
-    /// options, half the node's memory); nothing to do when it is a mount point already. Needs
-    /// CAP_SYS_ADMIN: a privileged init container, its MPS root mounted with
-    /// mountPropagation Bidirectional.
-    MountShm(MountShmArgs),
-}
-
-#[derive(Args, Debug)]
-struct MountShmArgs {
-    /// The MPS root (the agent's --mps-root): the tmpfs goes at <root>/shm.
-    #[arg(long, env = "GPU_SHARE_MPS_ROOT", default_value = daemon::DEFAULT_ROOT, alias = "root")]
-    mps_root: PathBuf,
-    /// Where /proc is: meminfo sizes the tmpfs, self/mountinfo tells whether it is mounted.
-    #[arg(long, default_value = "/proc")]
-    proc_root: PathBuf,
-    #[command(flatten)]
-    out: OutputArgs,
+    DevicePlugin(setup::DevicePluginCommand),
 }
 
 #[derive(Args, Debug)]
@@ -461,38 +417,8 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             emit(args.out.output, &report, crate::doctor::render_text)?;
             Ok(ExitCode::from(report.exit_code()))
         }
-        Command::DevicePlugin(DevicePluginCommand::InitConfig(args)) => {
-            let path = &args.plugin_config;
-            match crate::nvidia_plugin::create_empty_unless_present(path) {
-                Ok(created) => {
-                    emit(
-                        args.out.output,
-                        &InitConfigOutcome { path, created },
-                        |o| match o.created {
-                            true => format!("{}: created, empty\n", o.path.display()),
-                            false => format!("{}: exists, left as it is\n", o.path.display()),
-                        },
-                    )?
-                }
-                Err(e) => {
-                    eprintln!("error: cannot create {}: {e}", path.display());
-                    return Ok(ExitCode::FAILURE);
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Mps(MpsCommand::MountShm(args)) => {
-            match crate::mps::shm::mount_shm(&args.mps_root, &args.proc_root) {
-                Ok(outcome) => {
-                    emit(args.out.output, &outcome, |o| format!("{o}\n"))?;
-                    Ok(ExitCode::SUCCESS)
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    Ok(ExitCode::FAILURE)
-                }
-            }
-        }
+        Command::DevicePlugin(command) => setup::device_plugin(&command),
+        Command::Mps(command) => setup::mps(&command),
     }
 }
 
