@@ -24,6 +24,14 @@ struct Node {
     control: PathBuf,
 }
 
+/// MPS daemons a test's applies started die with its node (they are detached from gpu-share,
+/// as on a real node, so nothing else stops them).
+impl Drop for Node {
+    fn drop(&mut self) {
+        node_sim::kill_mps_daemons(&self.state_dir.join("mps"));
+    }
+}
+
 impl Node {
     fn new(gpus: Vec<Gpu>) -> Node {
         let dir = tempfile::tempdir().unwrap();
