@@ -74,6 +74,9 @@ pub enum PlannedMode {
         #[serde(skip_serializing_if = "Option::is_none")]
         mps: Option<MigMps>,
     },
+    /// Dynamic MIG: the GPU's instances are made and destroyed per ResourceClaim by the DRA
+    /// plugin, so a plan neither changes its MIG mode nor its instances (docs/dra.md).
+    DynamicMig,
 }
 
 /// MPS inside MIG devices: one control daemon per MIG device (MIG User Guide), with these
@@ -103,6 +106,17 @@ pub enum PluginKind {
     /// Dynamic Resource Allocation: the agent publishes the node's devices as
     /// resource.k8s.io/v1 ResourceSlices and serves the kubelet's DRA plugin (docs/dra.md).
     Dra,
+}
+
+impl PluginKind {
+    /// The name `--plugin` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            PluginKind::Nvidia => "nvidia",
+            PluginKind::Builtin => "builtin",
+            PluginKind::Dra => "dra",
+        }
+    }
 }
 
 /// The resource a MIG device of `profile` is advertised under: `nvidia.com/mig-<profile>`, or

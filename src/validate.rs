@@ -59,6 +59,9 @@ pub fn validate_for(name: &str, profile: &Profile, plugin: PluginKind) -> Vec<Pr
     }
     problems.extend(overlapping_selectors(name, &profile.rules));
     problems.extend(check_mig_strategy(name, profile));
+    if plugin != PluginKind::Dra {
+        problems.extend(dynamic_mig_needs_dra(name, profile, plugin));
+    }
     problems.extend(match plugin {
         PluginKind::Nvidia => crate::nvidia_plugin::check_profile(name, profile),
         PluginKind::Builtin => builtin_plugin_limits(name, profile),
@@ -68,6 +71,29 @@ pub fn validate_for(name: &str, profile: &Profile, plugin: PluginKind) -> Vec<Pr
         PluginKind::Dra => mps::check_daemons(name, profile),
     });
     problems
+}
+
+/// `dynamicMig` rules under a device plugin: an error each. A device plugin advertises a fixed
+/// list of devices to the kubelet, so nobody could ask for a placement that does not exist yet;
+/// only DRA lets the scheduler pick one from every placement a GPU could hold.
+fn dynamic_mig_needs_dra(name: &str, profile: &Profile, plugin: PluginKind) -> Vec<Problem> {
+    profile
+        .rule_modes()
+        .into_iter()
+        .filter(|(_, _, m)| matches!(m, Mode::DynamicMig))
+        .map(|(i, rule, _)| {
+            Problem::error(
+                name,
+                format!(
+                    "dynamicMig needs `--plugin dra`: with --plugin {} the device plugin \
+                     advertises a fixed list of devices, so no pod could ask for an instance \
+                     that does not exist yet; use `mig: {{...}}` for a fixed geometry",
+                    plugin.name()
+                ),
+            )
+            .in_rule(i, rule)
+        })
+        .collect()
 }
 
 /// What the rules alone show the built-in plugin (`--plugin builtin`) cannot do. It advertises
@@ -106,6 +132,7 @@ fn validate_rule(name: &str, index: usize, rule: &Rule) -> Vec<Problem> {
     };
     let messages = match mode {
         Mode::Exclusive => Vec::new(),
+        Mode::DynamicMig => dynamic_mig_selects_mig_models(&rule.devices),
         Mode::TimeSlicing(ts) => timeslice::validate(ts),
         Mode::Mps(m) => {
             problems.extend(mps_on_the_selected_gpus(name, index, rule, m));
@@ -144,6 +171,23 @@ fn validate_rule(name: &str, index: usize, rule: &Rule) -> Vec<Problem> {
     };
     problems.extend(messages.into_iter().map(at));
     problems
+}
+
+/// A dynamic rule whose product selector names only GPUs without MIG does nothing dynamic:
+/// said as an error, since the writer meant MIG (an index or `all` selector may also meet MIG
+/// GPUs, and the others are published whole, never refused).
+fn dynamic_mig_selects_mig_models(selector: &DeviceSelector) -> Vec<String> {
+    match selector {
+        DeviceSelector::Product(product)
+            if mig_rule::candidate_models(selector, &BTreeMap::new()).is_empty() =>
+        {
+            vec![format!(
+                "dynamicMig selects {product:?}, which matches no MIG-capable model of the \
+                 catalog (`gpu-share catalog` lists them): its GPUs would only be published whole"
+            )]
+        }
+        _ => Vec::new(),
+    }
 }
 
 /// What the selector tells about MPS before a node is seen: a product selector naming a

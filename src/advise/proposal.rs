@@ -252,6 +252,7 @@ fn rule(i: usize, spec: Spec, devices: Vec<u32>) -> Rule {
         time_slicing: None,
         mps: None,
         mig: None,
+        dynamic_mig: None,
     };
     let kind = match spec {
         Spec::Mig(instances) => {

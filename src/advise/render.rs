@@ -17,11 +17,7 @@ pub fn text(advice: &Advice) -> String {
     let _ = writeln!(
         out,
         "advise ({} plugin): {} unschedulable, {} pod(s) evicted, {} instance(s) destroyed, {} GPU(s) used, {} idle",
-        match advice.plugin {
-            crate::sharing::PluginKind::Nvidia => "nvidia",
-            crate::sharing::PluginKind::Builtin => "builtin",
-            crate::sharing::PluginKind::Dra => "dra",
-        },
+        advice.plugin.name(),
         t.unschedulable_pods, t.pods_evicted, t.instances_destroyed, t.gpus_used, t.gpus_idle
     );
     for node in &advice.nodes {

@@ -20,7 +20,8 @@ pub(super) fn start_state(now: &NodeNow) -> NodeState {
             let model = gpu.mig.and(mig::catalog().model_by_product(&gpu.product));
             let mig_on = gpu.mig.is_some_and(|m| m.current);
             let role = match mode {
-                PlannedMode::Mig { .. } => Role::Mig,
+                // A dynamic GPU's instances are claims': advice sees them as MIG it must keep.
+                PlannedMode::Mig { .. } | PlannedMode::DynamicMig => Role::Mig,
                 PlannedMode::TimeSlicing { .. } => Role::TimeSliced,
                 PlannedMode::Mps { .. } => Role::Mps,
                 PlannedMode::Exclusive => Role::Exclusive,

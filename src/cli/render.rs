@@ -127,6 +127,7 @@ fn geometry_lines(out: &mut String, g: &Geometry) {
 fn mode_summary(mode: &PlannedMode) -> String {
     match mode {
         PlannedMode::Exclusive => "exclusive".into(),
+        PlannedMode::DynamicMig => "dynamic MIG (instances made per ResourceClaim)".into(),
         PlannedMode::TimeSlicing { replicas } => format!("time-sliced × {replicas}"),
         PlannedMode::Mps {
             replicas,

@@ -274,6 +274,7 @@ fn modes(planned: &NodePlan) -> String {
             PlannedMode::TimeSlicing { .. } => "time-slicing",
             PlannedMode::Mps { .. } => "MPS",
             PlannedMode::Mig { .. } => "MIG",
+            PlannedMode::DynamicMig => "dynamic MIG",
         };
         by_mode.entry(mode).or_default().push(g.index.to_string());
     }

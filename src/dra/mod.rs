@@ -21,6 +21,7 @@
 //! twice without counters.
 
 pub mod api;
+pub mod dynamic;
 pub mod kubelet_plugin;
 pub mod pool;
 pub mod publish;
@@ -60,16 +61,42 @@ const TIME_SLICING: &str = "timeSlicing";
 
 /// The node's ResourceSlices for the planned `gpus`: one pool named `node_name`, at
 /// `generation` (the caller bumps it on every change), as many slices as the API limits need.
-/// `node` supplies what NVML knows (UUIDs, memory).
+/// `node` supplies what NVML knows (UUIDs, memory). Every instance on a dynamic-MIG GPU counts
+/// as made out of band (the plugin's journal is not read): `plan` shows the most cautious
+/// publish; the agent calls [`resource_slices_with`].
 pub fn resource_slices(
     node_name: &str,
     generation: i64,
     gpus: &[GpuPlan],
     node: &ObservedNode,
 ) -> Vec<ResourceSlice> {
+    resource_slices_with(
+        node_name,
+        generation,
+        gpus,
+        node,
+        &dynamic::ClaimedInstances::default(),
+    )
+}
+
+/// [`resource_slices`], knowing which instances on dynamic-MIG GPUs claims made (the others
+/// are out of band: what they overlap is left out).
+pub fn resource_slices_with(
+    node_name: &str,
+    generation: i64,
+    gpus: &[GpuPlan],
+    node: &ObservedNode,
+    claimed: &dynamic::ClaimedInstances,
+) -> Vec<ResourceSlice> {
     let groups: Vec<GpuDevices> = gpus
         .iter()
-        .map(|plan| gpu_devices(plan, node.gpus.iter().find(|g| g.index == plan.index)))
+        .map(|plan| {
+            gpu_devices(
+                plan,
+                node.gpus.iter().find(|g| g.index == plan.index),
+                claimed,
+            )
+        })
         .collect();
     let packed = pack(groups);
     let total = packed.len() as i64;
@@ -140,10 +167,46 @@ fn pack(groups: Vec<GpuDevices>) -> Vec<(Vec<Device>, Vec<CounterSet>)> {
     slices
 }
 
+/// The instances on GPU `observed` that no claim made, by placement.
+pub fn out_of_band(
+    observed: &ObservedGpu,
+    claimed: &dynamic::ClaimedInstances,
+) -> Vec<crate::mig::ExistingInstance> {
+    if !observed.mig.is_some_and(|m| m.current) {
+        return Vec::new();
+    }
+    observed
+        .instances
+        .iter()
+        .filter(|i| !claimed.contains(observed.index, i.placement))
+        .cloned()
+        .collect()
+}
+
 /// The devices of one planned GPU.
-fn gpu_devices(plan: &GpuPlan, observed: Option<&ObservedGpu>) -> GpuDevices {
+fn gpu_devices(
+    plan: &GpuPlan,
+    observed: Option<&ObservedGpu>,
+    claimed: &dynamic::ClaimedInstances,
+) -> GpuDevices {
     let parent = Parent::new(plan, observed);
     match &plan.mode {
+        PlannedMode::DynamicMig => match parent.model {
+            Some(model) => {
+                let foreign: Vec<crate::mig::Placement> = observed
+                    .map(|o| out_of_band(o, claimed))
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|i| i.placement)
+                    .collect();
+                dynamic::gpu_devices(&parent, model, &foreign)
+            }
+            // The plan makes a GPU dynamic only when the catalog knows it.
+            None => GpuDevices {
+                devices: vec![parent.whole_gpu()],
+                counters: None,
+            },
+        },
         PlannedMode::Exclusive => GpuDevices {
             devices: vec![parent.whole_gpu()],
             counters: None,
@@ -234,8 +297,17 @@ impl<'a> Parent<'a> {
         device
     }
 
-    /// A MIG device: `gpu-<index>-mig-<start>-<profile>`, consuming its slices of the GPU.
+    /// A MIG device: `gpu-<index>-mig-<start>-<profile>`, consuming its slices of the GPU,
+    /// with its UUID when the instance exists.
     fn mig_device(&self, instance: &PlacedInstance) -> Device {
+        let mut device = self.mig_device_without_uuid(instance);
+        if let Some(uuid) = self.mig_uuid(instance) {
+            string(&mut device, "uuid", uuid);
+        }
+        device
+    }
+
+    fn mig_device_without_uuid(&self, instance: &PlacedInstance) -> Device {
         let name = format!(
             "gpu-{}-mig-{}-{}",
             self.index,
@@ -254,9 +326,6 @@ impl<'a> Parent<'a> {
             "migPlacementSize",
             instance.placement.size.into(),
         );
-        if let Some(uuid) = self.mig_uuid(instance) {
-            string(&mut device, "uuid", uuid);
-        }
         let profile = self.model.and_then(|m| m.profile(&instance.profile));
         if let Some(mib) = profile.and_then(|p| p.memory_mib) {
             capacity(&mut device, "memory", mebibytes(mib));

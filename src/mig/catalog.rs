@@ -108,6 +108,21 @@ pub struct GpuInstanceProfile {
     #[serde(default)]
     pub memory_from: MemorySource,
     pub placements: Vec<Placement>,
+    /// `info.multiprocessorCount` and the engine counts of `nvidia-smi mig -lgip` (unknown for
+    /// a few unverified models). Dynamic MIG publishes them as device capacities, and the OFA
+    /// as a counter: a GPU has one.
+    #[serde(default)]
+    pub sm_count: Option<u32>,
+    #[serde(default)]
+    pub copy_engines: Option<u32>,
+    #[serde(default)]
+    pub decoders: Option<u32>,
+    #[serde(default)]
+    pub encoders: Option<u32>,
+    #[serde(default)]
+    pub jpeg: Option<u32>,
+    #[serde(default)]
+    pub ofa: Option<u32>,
     pub ci_profile_set: String,
     #[serde(default)]
     pub verified: bool,

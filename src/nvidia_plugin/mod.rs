@@ -92,6 +92,7 @@ fn describe(mode: &PlannedMode) -> String {
         PlannedMode::TimeSlicing { replicas } => format!("time-sliced × {replicas}"),
         PlannedMode::Mps { replicas, .. } => format!("shared by MPS × {replicas}"),
         PlannedMode::Mig { .. } => "in MIG mode".into(),
+        PlannedMode::DynamicMig => "dynamic MIG".into(),
     }
 }
 

@@ -103,6 +103,21 @@ pub fn plan_for(
             .in_rule(*j, second)
             .on_gpu(gpu.describe())),
         };
+        if let (Ok(gpu_plan), [(i, rule)]) = (&planned, matching.as_slice()) {
+            if matches!(rule.mode(), Ok(Mode::DynamicMig))
+                && gpu_plan.mode == PlannedMode::Exclusive
+            {
+                problems.push(
+                    Problem::warning(
+                        name,
+                        "this GPU has no MIG the catalog knows, so dynamicMig publishes it as \
+                         one whole GPU",
+                    )
+                    .in_rule(*i, rule)
+                    .on_gpu(gpu.describe()),
+                );
+            }
+        }
         match planned {
             Ok(gpu_plan) => gpus.push(gpu_plan),
             Err(problem) => problems.push(problem),
@@ -231,6 +246,10 @@ fn plan_gpu(
         geometry: None,
         resources: BTreeMap::new(),
     };
+    if matches!(mode, Mode::DynamicMig) && dynamic_mig_capable(gpu) {
+        plan.mode = PlannedMode::DynamicMig;
+        return Ok(plan);
+    }
     if let Mode::Mig {
         instances,
         time_slicing,
@@ -297,6 +316,13 @@ fn plan_gpu(
     plan.resources
         .insert(shared_name("nvidia.com/gpu", rename, replicas), replicas);
     Ok(plan)
+}
+
+/// Whether a dynamic rule makes this GPU dynamic: it runs MIG and the catalog knows its
+/// placements. Any other GPU the rule selects is published whole (a warning says so), so a
+/// node with an L4 beside its H100s never fails for it.
+fn dynamic_mig_capable(gpu: &ObservedGpu) -> bool {
+    gpu.mig.is_some() && catalog().model_by_product(&gpu.product).is_some()
 }
 
 /// A warning for each MPS GPU whose pinned-memory limit per client exceeds its whole memory.

@@ -14,6 +14,9 @@
 //!     timeSlicing: {replicas: 4}
 //! ```
 //!
+//! With `agent --plugin dra`, a rule may instead say `dynamicMig: true`: the scheduler then
+//! picks each claim's MIG profile and placement, and the agent makes the instance at Prepare.
+//!
 //! Unknown fields are errors: a misspelt key silently ignored is how the NVIDIA plugin's users
 //! lose a day (its config parse is not strict).
 //!
@@ -156,6 +159,13 @@ pub struct Rule {
     )]
     #[schemars(schema_with = "counts::mig_schema")]
     pub mig: Option<BTreeMap<String, i64>>,
+    /// Dynamic MIG (`agent --plugin dra` only): publish every MIG placement each selected GPU
+    /// could hold and let the scheduler choose one per ResourceClaim; the agent creates the
+    /// instance when the kubelet prepares the claim and destroys it when the claim is done
+    /// (docs/dra.md, "Dynamic MIG"). Selected GPUs without MIG are published as whole GPUs.
+    /// Only `true` is meaningful.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic_mig: Option<bool>,
 }
 
 /// Time-slicing settings.

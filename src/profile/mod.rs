@@ -33,6 +33,8 @@ pub enum Mode<'a> {
         time_slicing: Option<&'a TimeSlicing>,
         mps: Option<&'a Mps>,
     },
+    /// Dynamic MIG: every placement published, each instance made for the claim that gets it.
+    DynamicMig,
 }
 
 impl Mode<'_> {
@@ -43,6 +45,7 @@ impl Mode<'_> {
             Mode::TimeSlicing(_) => "timeSlicing",
             Mode::Mps(_) => "mps",
             Mode::Mig { .. } => "mig",
+            Mode::DynamicMig => "dynamicMig",
         }
     }
 }
@@ -79,10 +82,16 @@ impl Rule {
         if self.mig.is_some() {
             set.push("mig");
         }
+        if self.dynamic_mig.is_some() {
+            // Shares inside dynamic instances are not offered: each instance is one claim's.
+            set.extend(self.time_slicing.as_ref().map(|_| "timeSlicing"));
+            set.extend(self.mps.as_ref().map(|_| "mps"));
+            set.push("dynamicMig");
+        }
         match set.as_slice() {
             [] => {
                 return Err(
-                    "the rule gives no mode: set one of exclusive, timeSlicing, mps or mig".into(),
+                    "the rule gives no mode: set one of exclusive, timeSlicing, mps, mig or dynamicMig".into(),
                 )
             }
             [_] => {}
@@ -99,7 +108,15 @@ impl Rule {
                     .into(),
             );
         }
-        Ok(if let Some(instances) = &self.mig {
+        if self.dynamic_mig == Some(false) {
+            return Err(
+                "`dynamicMig: false` means nothing: write `dynamicMig: true` or give another mode"
+                    .into(),
+            );
+        }
+        Ok(if self.dynamic_mig.is_some() {
+            Mode::DynamicMig
+        } else if let Some(instances) = &self.mig {
             Mode::Mig {
                 instances,
                 time_slicing: self.time_slicing.as_ref(),
