@@ -8,23 +8,25 @@
 //! driver, pool, device); the kubelet then asks the driver to prepare the claim.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
-use gpu_share::dra::kubelet_plugin::api::dra::NodePrepareResourceResponse;
-use gpu_share::dra::kubelet_plugin::cdi::{spec_path, Spec};
-use gpu_share::dra::kubelet_plugin::checkpoint::Checkpoint;
-use gpu_share::dra::kubelet_plugin::claim::resource as claim_resource;
 use gpu_share::dra::DRIVER;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube_double::KubeDouble;
 use node_sim::*;
-use serde_json::{json, Value};
 
 const NODE: &str = "dra-e2e";
-const NS: &str = "team-a";
+
+/// 8 H100s (MIG on), the profiles ConfigMap (`h100-inference`, `h100-balanced`, `keep`), the
+/// agent with `flags` beside its DRA ones.
+async fn start_with(flags: &[&str]) -> DraNode {
+    DraNode::start(
+        NODE,
+        h100s(8, true),
+        &["h100-inference", "h100-balanced"],
+        &[("keep", KEEP_GPU_0.to_string())],
+        flags,
+    )
+    .await
+}
 const WAIT: Duration = Duration::from_secs(60);
 
 /// h100-inference with GPUs 2-3 re-partitioned into two 3g.40gb each: a MIG change (withdrawal,
@@ -43,236 +45,6 @@ rules:
     timeSlicing: {replicas: 4}
 ";
 
-/// The simulated node with its agent (`--plugin dra`) and the kubelet's DRA side.
-struct DraNode {
-    api: Arc<KubeDouble>,
-    node: AgentNode,
-    kubelet: DraKubelet,
-    plugin_dir: PathBuf,
-    cdi_root: PathBuf,
-    /// The agent's flags (`--plugin dra` and the DRA directories), for a restart.
-    flags: Vec<String>,
-}
-
-impl DraNode {
-    /// 8 H100s (MIG on), the profiles ConfigMap (`h100-inference`, `h100-balanced`, `keep`),
-    /// the agent started with its DRA directories under the node's temp dir, registered by the
-    /// simulated kubelet.
-    async fn start() -> DraNode {
-        DraNode::start_with(&[]).await
-    }
-
-    /// [`DraNode::start`] with `extra` agent flags.
-    async fn start_with(extra: &[&str]) -> DraNode {
-        let api = Arc::new(KubeDouble::start());
-        profiles_configmap(
-            &api,
-            &["h100-inference", "h100-balanced"],
-            &[("keep", KEEP_GPU_0.to_string())],
-        );
-        let mut node = AgentNode::new(&api, NODE, h100s(8, true));
-        let registry = node.path("kubelet/plugins_registry");
-        let plugin_dir = node.path("kubelet/plugins/gpu.gpu-share.dev");
-        let cdi_root = node.path("cdi");
-        std::fs::create_dir_all(&registry).unwrap();
-        let kubelet = DraKubelet::watch(&registry);
-        let mut flags: Vec<String> = vec![
-            "--plugin".into(),
-            "dra".into(),
-            "--dra-registration-dir".into(),
-            registry.display().to_string(),
-            "--dra-plugin-dir".into(),
-            plugin_dir.display().to_string(),
-            "--cdi-root".into(),
-            cdi_root.display().to_string(),
-        ];
-        flags.extend(extra.iter().map(|f| f.to_string()));
-        node.start_agent(&as_strs(&flags), &[]);
-        if kubelet.wait_registered(DRIVER, WAIT).await.is_none() {
-            panic!(
-                "the kubelet did not register {DRIVER}: {:?}\n{}",
-                kubelet.refused(),
-                node.log()
-            );
-        }
-        DraNode {
-            api,
-            node,
-            kubelet,
-            plugin_dir,
-            cdi_root,
-            flags,
-        }
-    }
-
-    /// Kill the agent (SIGKILL: no shutdown, its sockets stay behind) and start it again.
-    fn restart_agent(&mut self) {
-        self.node.kill_agent();
-        self.node.start_agent(&as_strs(&self.flags), &[]);
-    }
-
-    /// Label the node with `key` and wait until the agent applied `text`.
-    fn apply(&self, key: &str, text: &str) {
-        self.api.set_node_label(NODE, PROFILE_LABEL, Some(key));
-        wait_applied_text(&self.api, &self.node, text, WAIT, key);
-    }
-
-    /// This node's slices of the driver, as the API holds them.
-    fn slices(&self) -> Vec<Value> {
-        self.api
-            .resource_slices()
-            .into_iter()
-            .filter(|s| s["spec"]["nodeName"] == NODE && s["spec"]["driver"] == DRIVER)
-            .collect()
-    }
-
-    /// The published device `name`, if the API's slices have it.
-    fn published(&self, name: &str) -> Option<Value> {
-        self.slices()
-            .iter()
-            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
-            .find(|d| d["name"] == name)
-    }
-
-    fn device_names(&self) -> BTreeSet<String> {
-        device_names(&self.slices())
-    }
-
-    /// The pool's one generation.
-    fn generation(&self) -> i64 {
-        let all: BTreeSet<i64> = self
-            .slices()
-            .iter()
-            .map(|s| s["spec"]["pool"]["generation"].as_i64().unwrap())
-            .collect();
-        assert_eq!(all.len(), 1, "one generation across the pool: {all:?}");
-        *all.first().unwrap()
-    }
-
-    /// What `gpu-share plan --plugin dra` prints for profile `text` on the GPUs as they are now:
-    /// the names of its devices.
-    fn planned_devices(&self, profile: &str) -> BTreeSet<String> {
-        let current = self.node.path("observed.json");
-        let observed = observe(&self.node.nvml_state());
-        std::fs::write(&current, serde_json::to_vec(&observed).unwrap()).unwrap();
-        let file = self.node.path("next.yaml");
-        std::fs::write(&file, profile).unwrap();
-        let out = Command::new(gpu_share_bin())
-            .args(["plan", "--plugin", "dra", "--output", "json"])
-            .args(["--node-name", NODE, "--profile"])
-            .arg(&file)
-            .arg("--current")
-            .arg(&current)
-            .env("RUST_LOG", "warn")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "plan: {}", text(&out));
-        let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
-        device_names(plan["resourceSlices"].as_array().unwrap())
-    }
-
-    /// The UUID of the MIG device at placement `start` of GPU `gpu`, as the fake NVML made it.
-    fn mig_uuid(&self, gpu: usize, start: u32) -> String {
-        let gi = self.node.gi_at(gpu, start);
-        let state = self.node.nvml();
-        let instance = state.gpus[gpu]
-            .gpu_instances
-            .iter()
-            .find(|g| g.id == gi)
-            .unwrap();
-        instance.compute_instances[0].uuid.clone()
-    }
-
-    fn claims(&self) -> Api<DynamicObject> {
-        Api::namespaced_with(self.api.client(), NS, &claim_resource())
-    }
-
-    /// Play the scheduler: create claim `name` and allocate it `device` of this node's pool
-    /// (written through the status subresource). Returns its UID.
-    async fn allocate(&self, name: &str, device: &str) -> String {
-        let mut obj = DynamicObject::new(name, &claim_resource()).within(NS);
-        obj.data = json!({"spec": {"devices": {"requests": [
-            {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpu-share.dev"}}
-        ]}}});
-        let created = self
-            .claims()
-            .create(&PostParams::default(), &obj)
-            .await
-            .unwrap();
-        let status = json!({"status": {"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
-        ]}}}});
-        self.claims()
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .unwrap();
-        created.metadata.uid.unwrap()
-    }
-
-    async fn prepare(&self, name: &str, uid: &str) -> NodePrepareResourceResponse {
-        let mut answer = self
-            .kubelet
-            .prepare(DRIVER, vec![claim(NS, name, uid)])
-            .await
-            .unwrap_or_else(|e| panic!("NodePrepareResources: {e}\n{}", self.node.log()));
-        answer.claims.remove(uid).expect("an answer for the claim")
-    }
-
-    async fn unprepare(&self, name: &str, uid: &str) -> String {
-        let mut answer = self
-            .kubelet
-            .unprepare(DRIVER, vec![claim(NS, name, uid)])
-            .await
-            .unwrap();
-        answer.claims.remove(uid).expect("an answer").error
-    }
-
-    fn spec_file(&self, uid: &str) -> PathBuf {
-        spec_path(&self.cdi_root, uid)
-    }
-
-    /// The claim's CDI spec: its environment lines, all devices together.
-    fn spec_env(&self, uid: &str) -> Vec<String> {
-        let spec: Spec = serde_json::from_slice(&std::fs::read(self.spec_file(uid)).unwrap())
-            .unwrap_or_else(|e| panic!("spec of {uid}: {e}"));
-        spec.devices
-            .iter()
-            .flat_map(|d| d.container_edits.env.clone())
-            .collect()
-    }
-
-    fn checkpoint(&self) -> Checkpoint {
-        Checkpoint::load(&self.plugin_dir.join("checkpoint.json")).unwrap()
-    }
-}
-
-fn as_strs(flags: &[String]) -> Vec<&str> {
-    flags.iter().map(String::as_str).collect()
-}
-
-fn device_names(slices: &[Value]) -> BTreeSet<String> {
-    slices
-        .iter()
-        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
-        .map(|d| d["name"].as_str().unwrap().to_string())
-        .collect()
-}
-
-/// A published device's string attribute (attributes are `{"string": …}` / `{"int": …}`).
-fn attr_str(device: &Value, key: &str) -> String {
-    device["attributes"][key]["string"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{key} of {device}"))
-        .to_string()
-}
-
-fn attr_int(device: &Value, key: &str) -> u32 {
-    let value = device["attributes"][key]["int"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{key} of {device}"));
-    u32::try_from(value).unwrap()
-}
-
 /// The whole round trip: h100-inference applied and published; a claim on one of GPU 0's
 /// 1g.10gb devices prepared with that MIG device's UUID; a re-partition of GPUs 2-3 that keeps
 /// the device (the claim stays prepared, its spec untouched, a second Prepare answers the same,
@@ -284,7 +56,7 @@ fn attr_int(device: &Value, key: &str) -> u32 {
 fn claims_round_trip_through_the_agent_and_kept_devices_stay_prepared() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let node = DraNode::start().await;
+        let node = start_with(&[]).await;
         let inference = profile_text("h100-inference");
         node.apply("h100-inference", &inference);
         let first_generation = node.generation();
@@ -381,7 +153,7 @@ fn claims_round_trip_through_the_agent_and_kept_devices_stay_prepared() {
         assert_eq!(
             refused.error,
             format!(
-                "ResourceClaim {NS}/late: device {name} (request \"gpu\") is not among the devices gpu-share publishes on node {NODE}"
+                "ResourceClaim {CLAIM_NS}/late: device {name} (request \"gpu\") is not among the devices gpu-share publishes on node {NODE}"
             )
         );
         assert!(!node.spec_file(&late).exists());
@@ -411,7 +183,7 @@ fn claims_round_trip_through_the_agent_and_kept_devices_stay_prepared() {
 fn a_restarted_agent_keeps_prepared_claims_and_prepares_new_ones() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let mut node = DraNode::start().await;
+        let mut node = start_with(&[]).await;
         let inference = profile_text("h100-inference");
         node.apply("h100-inference", &inference);
         let generation = node.generation();
@@ -476,7 +248,7 @@ fn a_restarted_agent_keeps_prepared_claims_and_prepares_new_ones() {
 fn a_kubelet_restart_gets_the_slices_back_at_once() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let node = DraNode::start_with(&["--resync-period", "300s"]).await;
+        let node = start_with(&["--resync-period", "300s"]).await;
         let inference = profile_text("h100-inference");
         node.apply("h100-inference", &inference);
         let published = node.device_names();

@@ -19,10 +19,12 @@ use gpu_share::dra::api::{Device, ResourceSlice};
 use gpu_share::dra::kubelet_plugin::api::dra::NodePrepareResourceResponse;
 use gpu_share::dra::kubelet_plugin::cdi::Spec;
 use gpu_share::dra::kubelet_plugin::checkpoint::Checkpoint;
+use gpu_share::dra::kubelet_plugin::dynamic_mig::DynamicMig;
+use gpu_share::dra::kubelet_plugin::mig_journal::SharedMigJournal;
 use gpu_share::dra::kubelet_plugin::{self, Inputs, KubeletPlugin, Settings};
 use gpu_share::dra::{resource_slices, DRIVER};
 use gpu_share::gpu::xid::{Fault, Faults};
-use gpu_share::gpu::{MigMode, ObservedComputeInstance, ObservedNode};
+use gpu_share::gpu::{MigMode, ObservedComputeInstance, ObservedNode, SharedGpus};
 use gpu_share::mig::ExistingInstance;
 use gpu_share::plan::{plan_for, NodePlan};
 use gpu_share::profile::{parse_profile, PluginOptions};
@@ -149,6 +151,11 @@ impl Node {
                 inventory: self.inventory.subscribe(),
                 listing: self.listing.clone(),
                 faults: self.faults.clone(),
+                // No fake NVML here: no dynamic-MIG device is published, so none is called.
+                dynamic_mig: DynamicMig {
+                    gpus: SharedGpus::new(None),
+                    journal: SharedMigJournal::new(&self.settings.plugin_dir),
+                },
             },
         )
     }

@@ -3,7 +3,9 @@
 //! scheduler stops allocating them while the pods on them are evicted (docs/dra.md).
 
 use kube::runtime::events::EventType;
-use tracing::info;
+use tracing::{info, warn};
+
+use crate::dra::dynamic::ClaimedInstances;
 
 use super::outcome::{failed, invalid, Outcome};
 use super::reconcile::Reconciler;
@@ -34,6 +36,54 @@ fn publish_failure(e: &kube::Error) -> Outcome {
 }
 
 impl Reconciler {
+    /// The instances claims made on dynamic-MIG GPUs (none without `--plugin dra`).
+    pub(super) fn claimed_instances(&self) -> ClaimedInstances {
+        self.mig_journal
+            .as_ref()
+            .map(|j| j.claimed())
+            .unwrap_or_default()
+    }
+
+    /// A Warning Event naming the instances on dynamic-MIG GPUs that no claim made: the
+    /// devices they overlap were just withdrawn from the slices, and stay so until they go.
+    fn name_out_of_band(
+        &self,
+        plan: &NodePlan,
+        observed: &ObservedNode,
+        claimed: &ClaimedInstances,
+    ) {
+        let found: Vec<String> = plan
+            .gpus
+            .iter()
+            .filter(|g| g.mode == crate::sharing::PlannedMode::DynamicMig)
+            .filter_map(|g| observed.gpus.iter().find(|o| o.index == g.index))
+            .flat_map(|o| {
+                dra::out_of_band(o, claimed).into_iter().map(move |i| {
+                    format!(
+                        "GPU {} instance {} ({} at {})",
+                        o.index,
+                        i.gi_id.map_or_else(|| "?".into(), |id| id.to_string()),
+                        i.profile,
+                        i.placement
+                    )
+                })
+            })
+            .collect();
+        if found.is_empty() {
+            return;
+        }
+        warn!(instances = %found.join(", "), "MIG instances made out of band on dynamic GPUs");
+        self.event_in_background(
+            EventType::Warning,
+            "OutOfBandMig",
+            &format!(
+                "MIG instances no claim made are on dynamic GPUs: {}; the devices they overlap \
+                 are withdrawn from the ResourceSlices until they are destroyed",
+                found.join(", ")
+            ),
+        );
+    }
+
     /// After an apply: the pool becomes the applied plan's devices, with the UUIDs NVML shows
     /// now (MIG devices just created included). Nothing is written when the API holds them.
     pub(super) async fn publish_slices(
@@ -44,10 +94,12 @@ impl Reconciler {
         let Some(publisher) = &self.dra else {
             return Ok(());
         };
-        let slices = dra::resource_slices(&self.node_name, 0, &plan.gpus, observed);
+        let claimed = self.claimed_instances();
+        let slices = dra::resource_slices_with(&self.node_name, 0, &plan.gpus, observed, &claimed);
         match publisher.publish(slices).await {
             Ok(publish::Outcome::Unchanged) => Ok(()),
             Ok(publish::Outcome::Written { generation }) => {
+                self.name_out_of_band(plan, observed, &claimed);
                 self.event_in_background(
                     EventType::Normal,
                     "SlicesPublished",
@@ -75,7 +127,13 @@ impl Reconciler {
             return Ok(());
         };
         let next = plan_for(key, profile, observed, self.apply.plugin).map_err(|p| invalid(&p))?;
-        let slices = dra::resource_slices(&self.node_name, 0, &next.gpus, observed);
+        let slices = dra::resource_slices_with(
+            &self.node_name,
+            0,
+            &next.gpus,
+            observed,
+            &self.claimed_instances(),
+        );
         let gone = publisher.withdraw(&slices).await.map_err(|e| {
             failed(
                 super::outcome::Reason::PublishFailed,

@@ -41,6 +41,8 @@ use tracing::{info, warn};
 use crate::builtin_plugin::{Inventory, ManagerSettings, PluginManager};
 use crate::doctor::{self, DoctorOptions, Status};
 use crate::dra::api::ResourceSlice;
+use crate::dra::kubelet_plugin::dynamic_mig::DynamicMig;
+use crate::dra::kubelet_plugin::mig_journal::SharedMigJournal;
 use crate::dra::kubelet_plugin::{Inputs as DraInputs, KubeletPlugin, Settings as DraSettings};
 use crate::gpu::SharedGpus;
 use crate::sharing::PluginKind;
@@ -152,6 +154,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     // claims from, beside the published slices (`dra.subscribe()`).
     let dra_devices = watch::channel(Arc::new(Inventory::default()));
     let published_slices = dra.as_ref().map(crate::dra::publish::Publisher::subscribe);
+    let mig_journal = SharedMigJournal::new(&args.dra_plugin_dir);
     let reconciler = Reconciler {
         client: client.clone(),
         eviction_client,
@@ -202,6 +205,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         cdi_refresh_owed: true.into(),
         inventory: Default::default(),
         dra_devices: (args.plugin == PluginKind::Dra).then(|| dra_devices.0.clone()),
+        mig_journal: (args.plugin == PluginKind::Dra).then(|| mig_journal.clone()),
         allocatable_timeout: match args.plugin {
             PluginKind::Dra => Duration::ZERO,
             PluginKind::Nvidia | PluginKind::Builtin => args.allocatable_timeout,
@@ -214,6 +218,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             slices,
             &dra_devices.0,
             faults.clone(),
+            DynamicMig {
+                gpus: reconciler.gpus.clone(),
+                journal: mig_journal,
+            },
         )?),
         None => None,
     };
@@ -262,6 +270,7 @@ fn start_dra_plugin(
     published: watch::Receiver<Arc<Vec<ResourceSlice>>>,
     devices: &watch::Sender<Arc<Inventory>>,
     faults: crate::gpu::xid::Faults,
+    dynamic_mig: DynamicMig,
 ) -> anyhow::Result<KubeletPlugin> {
     let settings = DraSettings {
         node_name: args.node_name.clone(),
@@ -279,6 +288,7 @@ fn start_dra_plugin(
         )
         .map_err(anyhow::Error::msg)?,
         faults,
+        dynamic_mig,
     };
     info!(registration = %settings.registration_dir.display(),
           plugin = %settings.plugin_dir.display(), "serving the kubelet DRA plugin");

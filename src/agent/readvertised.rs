@@ -44,7 +44,13 @@ impl Reconciler {
         };
         let mut out = Vec::new();
         if self.dra.is_some() {
-            let published = crate::dra::resource_slices(&self.node_name, 0, &plan.gpus, observed);
+            let published = crate::dra::resource_slices_with(
+                &self.node_name,
+                0,
+                &plan.gpus,
+                observed,
+                &self.claimed_instances(),
+            );
             let next: BTreeSet<String> = published
                 .iter()
                 .flat_map(|s| &s.spec.devices)

@@ -86,6 +86,9 @@ pub struct Reconciler {
     pub plugins: Option<PluginManager>,
     /// `--plugin dra`: publishes the node's ResourceSlices after each apply (`super::dra`).
     pub dra: Option<crate::dra::publish::Publisher>,
+    /// `--plugin dra`: which instances on dynamic-MIG GPUs claims made (the others are out of
+    /// band), as the kubelet plugin journals them.
+    pub mig_journal: Option<crate::dra::kubelet_plugin::mig_journal::SharedMigJournal>,
     /// Writes to the Node (state, uncordon) that failed during the reconcile in progress. Any
     /// left at its end fail it with `ApiError`, so it is retried with backoff rather than
     /// leaving a stale state or our cordon until the next resync or label change.

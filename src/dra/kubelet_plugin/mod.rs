@@ -18,7 +18,9 @@ pub mod cdi;
 pub mod checkpoint;
 pub mod claim;
 pub mod devices;
+pub mod dynamic_mig;
 pub mod health;
+pub mod mig_journal;
 pub mod registration;
 pub mod service;
 
@@ -72,6 +74,9 @@ pub struct Inputs {
     pub listing: DeviceListing,
     /// Devices that raised a critical XID, streamed as Unhealthy to the kubelet.
     pub faults: Faults,
+    /// NVML and the journal, for dynamic-MIG devices (the journal is shared with the
+    /// reconcile, which publishes from it).
+    pub dynamic_mig: dynamic_mig::DynamicMig,
 }
 
 /// The running plugin: both sockets.
@@ -115,6 +120,7 @@ impl KubeletPlugin {
             inventory: inputs.inventory,
             listing: Arc::new(inputs.listing),
             checkpoint: Mutex::default(),
+            dynamic_mig: inputs.dynamic_mig,
         }
         .recover()?;
         let cannot_serve = |socket: &std::path::Path, cause: std::io::Error| StartError::Serve {

@@ -18,9 +18,12 @@ use super::api::dra::{
     NodeUnprepareResourcesResponse,
 };
 use super::checkpoint::{Checkpoint, CheckpointError, ClaimEntry, ClaimState, PreparedDevice};
+use super::dynamic_mig::{self, ClaimName, DynamicMig};
 use super::{cdi, claim, devices};
+use crate::builtin_plugin::api::ContainerAllocateResponse;
 use crate::builtin_plugin::{DeviceListing, Inventory};
 use crate::dra::api::ResourceSlice;
+use crate::dra::dynamic::DynamicDevice;
 use crate::dra::DRIVER;
 
 /// What preparing needs: the API, this node, where specs and the checkpoint go, and the
@@ -37,6 +40,8 @@ pub struct Preparer {
     /// How devices are named to the runtime beside the claim's own CDI device.
     pub listing: Arc<DeviceListing>,
     pub checkpoint: Mutex<Checkpoint>,
+    /// Makes and destroys the instances of dynamic-MIG devices.
+    pub dynamic_mig: DynamicMig,
 }
 
 impl Preparer {
@@ -54,6 +59,8 @@ impl Preparer {
         });
         self.remove_stale_specs(&checkpoint)?;
         checkpoint.save(&self.checkpoint_path)?;
+        dynamic_mig::recover(&self.dynamic_mig, |uid| checkpoint.prepared(uid).is_some())
+            .map_err(RecoverError::DynamicMig)?;
         self.checkpoint = Mutex::new(checkpoint);
         Ok(self)
     }
@@ -112,7 +119,10 @@ impl Preparer {
     ) -> Result<Vec<PreparedDevice>, String> {
         let object = claim::fetch(&self.client, &claim.namespace, &claim.name, &claim.uid).await?;
         let allocated = claim::allocated_devices(&object, DRIVER, &self.node_name)?;
-        let (answer, spec) = self.answer(claim, &allocated)?;
+        let (answer, spec) = match self.answer(claim, &allocated) {
+            Ok(answered) => answered,
+            Err(e) => return Err(self.undo_dynamic(claim, e)),
+        };
         let path = cdi::spec_path(&self.cdi_root, &claim.uid);
         let mut entry = ClaimEntry {
             namespace: claim.namespace.clone(),
@@ -147,11 +157,40 @@ impl Preparer {
             checkpoint.claims.remove(&claim.uid);
             let _ = remove_file(&path);
             let _ = checkpoint.save(&self.checkpoint_path);
-            return Err(e);
+            return Err(self.undo_dynamic(claim, e));
         }
         info!(claim = %format!("{}/{}", claim.namespace, claim.name), devices = answer.len(),
               "prepared the claim");
         Ok(answer)
+    }
+
+    /// A prepare that failed after making some of the claim's dynamic devices destroys them:
+    /// nothing is left for a claim that was not prepared. `error` with what undoing said.
+    fn undo_dynamic(&self, claim: &Claim, error: String) -> String {
+        match self.dynamic_mig.unprepare(&claim_name(claim).as_ref()) {
+            Ok(()) => error,
+            Err(undo) => format!("{error}; undoing its dynamic MIG devices failed: {undo}"),
+        }
+    }
+
+    /// What a container given a dynamic device gets, making it first: the device's UUID, as
+    /// for any MIG device or GPU, rewritten for the listing strategies.
+    fn dynamic_edits(
+        &self,
+        claim: &Claim,
+        name: &str,
+        device: &DynamicDevice,
+    ) -> Result<ContainerAllocateResponse, String> {
+        let uuid = self
+            .dynamic_mig
+            .prepare(&claim_name(claim).as_ref(), name, device)?;
+        let mut allocation = ContainerAllocateResponse::default();
+        allocation
+            .envs
+            .insert("NVIDIA_VISIBLE_DEVICES".into(), uuid.clone());
+        self.listing.apply(&[uuid], "", &mut allocation);
+        allocation.annotations.clear();
+        Ok(allocation)
     }
 
     /// The answer and the CDI spec for `allocated` (none when no device has edits), each
@@ -175,7 +214,11 @@ impl Preparer {
                 ));
                 continue;
             };
-            match devices::container_edits(device, &inventory, &self.listing) {
+            let edits_of = match DynamicDevice::of(device) {
+                Some(dynamic) => self.dynamic_edits(claim, &a.device, &dynamic),
+                None => devices::container_edits(device, &inventory, &self.listing),
+            };
+            match edits_of {
                 Ok(allocation) => {
                     // A device allocated for several requests is prepared once.
                     if let Some(seen) = answer.iter_mut().find(|d| d.device_name == a.device) {
@@ -219,6 +262,11 @@ impl Preparer {
     /// unprepared already) succeeds, as the kubelet may ask again after a restart.
     pub async fn unprepare(&self, claim: &Claim) -> NodeUnprepareResourceResponse {
         let mut checkpoint = self.checkpoint.lock().await;
+        if let Err(error) = self.dynamic_mig.unprepare(&claim_name(claim).as_ref()) {
+            warn!(claim = %format!("{}/{}", claim.namespace, claim.name), %error,
+                  "cannot unprepare the claim yet");
+            return NodeUnprepareResourceResponse { error };
+        }
         let result = remove_file(&cdi::spec_path(&self.cdi_root, &claim.uid))
             .map_err(|e| e.to_string())
             .and_then(|()| {
@@ -242,6 +290,8 @@ impl Preparer {
 pub enum RecoverError {
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    #[error("dynamic MIG: {0}")]
+    DynamicMig(String),
     #[error("cannot list {}: {cause}", dir.display())]
     ListSpecs { dir: PathBuf, cause: std::io::Error },
     #[error("cannot remove {}: {cause}", path.display())]
@@ -249,6 +299,28 @@ pub enum RecoverError {
         path: std::path::PathBuf,
         cause: std::io::Error,
     },
+}
+
+/// A claim's UID and `namespace/name`, for the dynamic-MIG journal and its messages.
+struct OwnedClaimName {
+    uid: String,
+    shown: String,
+}
+
+impl OwnedClaimName {
+    fn as_ref(&self) -> ClaimName<'_> {
+        ClaimName {
+            uid: &self.uid,
+            shown: &self.shown,
+        }
+    }
+}
+
+fn claim_name(claim: &Claim) -> OwnedClaimName {
+    OwnedClaimName {
+        uid: claim.uid.clone(),
+        shown: format!("{}/{}", claim.namespace, claim.name),
+    }
 }
 
 /// Remove `path`; already gone is fine.

@@ -28,6 +28,7 @@ mod agent;
 mod cli;
 mod device_plugins;
 mod dra_kubelet;
+mod dra_node;
 pub mod grpc_go;
 mod nvidia_plugin;
 mod pod_resources;
@@ -36,6 +37,7 @@ pub use agent::*;
 pub use cli::*;
 pub use device_plugins::{dial_plugin, gpu_allocatable, Advertised, DevicePluginKubelet};
 pub use dra_kubelet::{claim, DraKubelet, KUBELET_DRA_SERVICES};
+pub use dra_node::*;
 pub use nvidia_plugin::nvidia_plugin_counts;
 pub use pod_resources::PodResourcesKubelet;
 

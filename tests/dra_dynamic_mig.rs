@@ -1,0 +1,388 @@
+//! Dynamic MIG end to end (docs/dra.md, "Dynamic MIG"): `gpu-share agent --plugin dra` on a
+//! simulated node (fake NVML with the catalog's placement rules), the simulated kubelet's DRA
+//! side and the API double. The test plays the scheduler as kube-scheduler's DRA allocator
+//! does: first fit, in the order the devices are listed (KEP-4815); it also plays a scheduler
+//! gone wrong, to see the plugin check what it is given.
+
+use std::time::Duration;
+
+use gpu_share::dra::kubelet_plugin::mig_journal::{MigJournal, State as EntryState, FILE};
+use gpu_share::dra::DRIVER;
+use node_sim::*;
+use nvidia_ml::state::{ComputeInstance, Gpu, GpuInstance, Place, State};
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+const DYNAMIC: &str = "version: v1
+description: every GPU dynamic MIG
+rules:
+  - devices: all
+    dynamicMig: true
+";
+
+/// Two H200s (MIG `mig_on`) and an L4 (no MIG), the agent applying [`DYNAMIC`].
+async fn start(name: &str, mig_on: bool) -> DraNode {
+    let mut gpus = gpus("h200", 2, mig_on);
+    gpus.push(Gpu::non_mig("NVIDIA L4", 23034));
+    let node = DraNode::start(name, gpus, &[], &[("dyn", DYNAMIC.to_string())], &[]).await;
+    node.apply("dyn", DYNAMIC);
+    node
+}
+
+/// The devices as the scheduler walks them: slices in name order (`<node>-gpu-share-<k>`, by
+/// `k`), each slice's devices in order.
+fn listed(node: &DraNode) -> Vec<Value> {
+    let mut slices = node.slices();
+    slices.sort_by_key(|s| {
+        let name = s["metadata"]["name"].as_str().unwrap();
+        name.rsplit('-').next().unwrap().parse::<u32>().unwrap()
+    });
+    slices
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+/// First fit for one MIG device of `profile`: the first listed device of that profile whose
+/// placement no device in `held` overlaps on its GPU (what the counters would allow).
+fn first_fit(node: &DraNode, profile: &str, held: &[&str]) -> String {
+    let devices = listed(node);
+    let slots = |d: &Value| -> (u32, u32) {
+        let start = attr_int(d, "migPlacementStart");
+        (
+            attr_int(d, "parentIndex"),
+            ((1 << attr_int(d, "migPlacementSize")) - 1) << start,
+        )
+    };
+    let taken: Vec<(u32, u32)> = devices
+        .iter()
+        .filter(|d| held.contains(&d["name"].as_str().unwrap()))
+        .map(slots)
+        .collect();
+    devices
+        .iter()
+        .filter(|d| d["attributes"]["migProfile"]["string"] == profile)
+        .find(|d| {
+            let (gpu, mask) = slots(d);
+            !taken.iter().any(|&(g, m)| g == gpu && m & mask != 0)
+        })
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .unwrap_or_else(|| panic!("no free {profile}"))
+}
+
+/// Prepare as the kubelet does after an agent restart: a Prepare refused because the restarted
+/// plugin has not published yet is retried (nothing is made for a refused claim).
+async fn prepare_retrying(
+    node: &DraNode,
+    name: &str,
+    uid: &str,
+) -> gpu_share::dra::kubelet_plugin::api::dra::NodePrepareResourceResponse {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let answer = node.prepare(name, uid).await;
+        if !answer.error.contains("is not among the devices")
+            || std::time::Instant::now() > deadline
+        {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn journal(node: &DraNode) -> MigJournal {
+    MigJournal::load(&node.plugin_dir.join(FILE)).unwrap()
+}
+
+fn gi_at(state: &State, gpu: usize, start: u32) -> Option<&GpuInstance> {
+    state.gpus[gpu]
+        .gpu_instances
+        .iter()
+        .find(|g| g.placement.start == start)
+}
+
+/// Prepare makes the instance at the allocated placement (MIG turned on first), Unprepare
+/// destroys it once its processes are gone; a placement the scheduler should not have given
+/// (overlapping an instance) and a whole GPU with instances on it are refused naming what is in
+/// the way, touching nothing; the whole GPU is given with MIG off; an L4 is published whole.
+#[test]
+fn claims_make_their_instances_at_prepare_and_destroy_them_at_unprepare() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let node = start("dyn-a", false).await;
+        let names = node.device_names();
+        assert!(names.contains("gpu-0-mig-6-1g-18gb"), "{names:?}");
+        assert!(names.contains("gpu-1-mig-0-7g-141gb"), "{names:?}");
+        assert!(names.contains("gpu-0"), "{names:?}");
+        assert!(
+            names.contains("gpu-2"),
+            "the L4 is published whole: {names:?}"
+        );
+        assert!(
+            !names.iter().any(|n| n.starts_with("gpu-2-mig")),
+            "{names:?}"
+        );
+        let generation = node.generation();
+
+        // First fit puts a 1g at slot 6, where only the 7g and the second 3g need room.
+        let small = first_fit(&node, "1g.18gb", &[]);
+        assert_eq!(small, "gpu-0-mig-6-1g-18gb");
+        let uid = node.allocate("small", &small).await;
+        let answer = node.prepare("small", &uid).await;
+        assert_eq!(answer.error, "", "{}", node.node.log());
+        let state = node.node.nvml();
+        assert!(state.gpus[0].mig.as_ref().unwrap().current, "MIG turned on");
+        let gi = gi_at(&state, 0, 6).expect("a GPU instance at slot 6");
+        let uuid = gi.compute_instances[0].uuid.clone();
+        assert_eq!(
+            node.spec_env(&uid),
+            [format!("NVIDIA_VISIBLE_DEVICES={uuid}")]
+        );
+        // Prepare again (the kubelet retries): the same answer, nothing made twice.
+        let creates = node.node.count("nvmlDeviceCreateGpuInstanceWithPlacement");
+        assert_eq!(node.prepare("small", &uid).await, answer);
+        assert_eq!(
+            node.node.count("nvmlDeviceCreateGpuInstanceWithPlacement"),
+            creates
+        );
+
+        let medium = first_fit(&node, "3g.71gb", &[&small]);
+        assert_eq!(medium, "gpu-0-mig-0-3g-71gb");
+        let medium_uid = node.allocate("medium", &medium).await;
+        assert_eq!(node.prepare("medium", &medium_uid).await.error, "");
+
+        // A scheduler gone wrong: 3g at 4:4 overlaps the 1g at slot 6.
+        let before = node.node.mutations().len();
+        let wrong = node.allocate("wrong", "gpu-0-mig-4-3g-71gb").await;
+        let refused = node.prepare("wrong", &wrong).await;
+        assert!(
+            refused.error.contains("gpu-0-mig-4-3g-71gb"),
+            "{}",
+            refused.error
+        );
+        assert!(
+            refused.error.contains("1g.18gb at 6:1"),
+            "{}",
+            refused.error
+        );
+        assert!(
+            refused.error.contains("nothing was changed"),
+            "{}",
+            refused.error
+        );
+        let whole = node.allocate("whole", "gpu-0").await;
+        let refused = node.prepare("whole", &whole).await;
+        assert!(refused.error.contains("holds"), "{}", refused.error);
+        assert_eq!(
+            node.node.mutations().len(),
+            before,
+            "refusals touch nothing"
+        );
+        assert!(!node.spec_file(&wrong).exists());
+
+        // The whole of GPU 1: MIG stays off, the GPU's UUID.
+        let whole1 = node.allocate("whole1", "gpu-1").await;
+        assert_eq!(node.prepare("whole1", &whole1).await.error, "");
+        let state = node.node.nvml();
+        assert!(!state.gpus[1].mig.as_ref().unwrap().current);
+        assert_eq!(
+            node.spec_env(&whole1),
+            [format!("NVIDIA_VISIBLE_DEVICES={}", state.gpus[1].uuid)]
+        );
+
+        // Unprepare waits for the instance's processes.
+        let gi_id = gi_at(&node.node.nvml(), 0, 6).unwrap().id;
+        node.node
+            .add_workloads(&node.api, &[Workload::on_mig("small-pod", 7100, 0, gi_id)]);
+        let busy = node.unprepare("small", &uid).await;
+        assert!(busy.contains("7100") && busy.contains("retries"), "{busy}");
+        assert!(gi_at(&node.node.nvml(), 0, 6).is_some());
+        let mut state = node.node.nvml();
+        state.gpus[0].processes.clear();
+        state.write_to(node.node.nvml_state()).unwrap();
+        assert_eq!(node.unprepare("small", &uid).await, "");
+        assert!(
+            gi_at(&node.node.nvml(), 0, 6).is_none(),
+            "the instance is destroyed"
+        );
+        assert!(!node.spec_file(&uid).exists());
+        let left: Vec<String> = journal(&node)
+            .entries
+            .iter()
+            .map(|e| e.device.clone())
+            .collect();
+        assert_eq!(left, ["gpu-0-mig-0-3g-71gb", "gpu-1"]);
+        // Claims' instances are not out of band: the pool never changed.
+        assert_eq!(node.generation(), generation);
+    });
+}
+
+/// A crash between the GPU instance and its compute instance: the restarted agent destroys the
+/// half-made instance (no prepared claim holds it) and the kubelet's retry makes it whole; a
+/// prepared claim's instance that lost its compute instance gets it back; and a create that
+/// fails half way is rolled back at once.
+#[test]
+fn a_crash_mid_create_leaves_no_half_instance_and_prepared_claims_keep_theirs() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut node = start("dyn-b", true).await;
+        let kept = first_fit(&node, "2g.35gb", &[]);
+        let kept_uid = node.allocate("kept", &kept).await;
+        assert_eq!(node.prepare("kept", &kept_uid).await.error, "");
+        let kept_start = attr_int(&node.published(&kept).unwrap(), "migPlacementStart");
+
+        // Abort right before the second mutation: the GPU instance is made, its compute
+        // instance not.
+        node.restart_agent_with(&[("FAKE_NVML_ABORT_AT_MUTATION", "2".into())]);
+        let small = first_fit(&node, "1g.18gb", &[&kept]);
+        let start_slot = attr_int(&node.published(&small).unwrap(), "migPlacementStart");
+        let uid = node.allocate("small", &small).await;
+        let crashed = node
+            .kubelet
+            .prepare(DRIVER, vec![claim(CLAIM_NS, "small", &uid)])
+            .await;
+        assert!(crashed.is_err(), "the agent aborted: {crashed:?}");
+        let state = node.node.nvml();
+        let half = gi_at(&state, 0, start_slot).unwrap_or_else(|| {
+            panic!(
+                "no half-made GPU instance at {start_slot}: {:?}\n{}",
+                state.gpus[0].gpu_instances,
+                node.node.log()
+            )
+        });
+        assert!(half.compute_instances.is_empty());
+        assert_eq!(
+            journal(&node)
+                .entries
+                .iter()
+                .filter(|e| e.state == EntryState::Creating)
+                .count(),
+            1
+        );
+
+        // The prepared claim's instance loses its compute instance too (as after a crash in
+        // an earlier version's create).
+        let mut state = node.node.nvml();
+        let gi = state.gpus[0]
+            .gpu_instances
+            .iter_mut()
+            .find(|g| g.placement.start == kept_start)
+            .unwrap();
+        gi.compute_instances.clear();
+        state.write_to(node.node.nvml_state()).unwrap();
+
+        node.restart_agent();
+        let state = node.node.nvml();
+        assert!(
+            gi_at(&state, 0, start_slot).is_none(),
+            "half instance destroyed: {}",
+            node.node.log()
+        );
+        let kept_gi = gi_at(&state, 0, kept_start).expect("the prepared claim's instance stays");
+        assert_eq!(
+            kept_gi.compute_instances.len(),
+            1,
+            "completed: {}",
+            node.node.log()
+        );
+        let entries: Vec<String> = journal(&node)
+            .entries
+            .iter()
+            .map(|e| e.device.clone())
+            .collect();
+        assert_eq!(entries, [kept.clone()]);
+        // The kubelet retries: made whole this time.
+        let answer = prepare_retrying(&node, "small", &uid).await;
+        assert_eq!(answer.error, "", "{}", node.node.log());
+        let gi = gi_at(&node.node.nvml(), 0, start_slot).cloned().unwrap();
+        assert_eq!(gi.compute_instances.len(), 1);
+
+        // A compute instance that fails to be made: the GPU instance is rolled back.
+        node.restart_agent_with(&[(
+            "FAKE_NVML_FAIL",
+            "nvmlGpuInstanceCreateComputeInstance:1:NVML_ERROR_INSUFFICIENT_RESOURCES".into(),
+        )]);
+        let other = first_fit(&node, "1g.18gb", &[&kept, &small]);
+        let other_start = attr_int(&node.published(&other).unwrap(), "migPlacementStart");
+        let other_uid = node.allocate("other", &other).await;
+        let failed = prepare_retrying(&node, "other", &other_uid).await;
+        assert!(
+            failed.error.contains("creating 1g.18gb"),
+            "{}",
+            failed.error
+        );
+        assert!(
+            gi_at(&node.node.nvml(), 0, other_start).is_none(),
+            "rolled back"
+        );
+        assert!(journal(&node).entries.iter().all(|e| e.device != other));
+        assert_eq!(
+            node.prepare("other", &other_uid).await.error,
+            "",
+            "the retry makes it"
+        );
+    });
+}
+
+/// An instance made out of band on a dynamic GPU (here written into the fake NVML's state as
+/// `nvidia-smi mig -cgi` would make it) withdraws the devices it overlaps, with an Event naming
+/// it, until it is destroyed.
+#[test]
+fn out_of_band_instances_withdraw_what_they_overlap() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let node = start("dyn-c", true).await;
+        assert!(node.published("gpu-1-mig-0-1g-18gb").is_some());
+        let mut state = node.node.nvml();
+        state.gpus[1].gpu_instances.push(GpuInstance {
+            id: 5,
+            profile_id: 19,
+            placement: Place::new(0, 1),
+            compute_instances: vec![ComputeInstance {
+                id: 0,
+                profile_id: 0,
+                placement: Place::new(0, 1),
+                uuid: "MIG-out-of-band".into(),
+            }],
+        });
+        state.write_to(node.node.nvml_state()).unwrap();
+        let gone = node.api.wait_until(WAIT, |_| {
+            let names = node.device_names();
+            !names.contains("gpu-1-mig-0-1g-18gb") && !names.contains("gpu-1")
+        });
+        assert!(gone, "{:?}\n{}", node.device_names(), node.node.log());
+        let names = node.device_names();
+        assert!(
+            names.contains("gpu-1-mig-6-1g-18gb"),
+            "what it does not overlap stays"
+        );
+        assert!(
+            names.contains("gpu-0-mig-0-1g-18gb"),
+            "other GPUs keep theirs"
+        );
+        let out_of_band = |api: &kube_double::KubeDouble| {
+            api.events()
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("OutOfBandMig"))
+        };
+        // Events are written in the background.
+        node.api.wait_until(WAIT, |a| out_of_band(a).is_some());
+        let event = out_of_band(&node.api).unwrap_or_else(|| {
+            panic!(
+                "no OutOfBandMig Event: {:?}\n{}",
+                node.api.events(),
+                node.node.log()
+            )
+        });
+        let note = event.note.unwrap_or_default();
+        assert!(note.contains("GPU 1 instance 5 (1g.18gb at 0:1)"), "{note}");
+
+        let mut state = node.node.nvml();
+        state.gpus[1].gpu_instances.clear();
+        state.write_to(node.node.nvml_state()).unwrap();
+        let back = node.api.wait_until(WAIT, |_| {
+            node.device_names().contains("gpu-1-mig-0-1g-18gb")
+        });
+        assert!(back, "{}", node.node.log());
+    });
+}
