@@ -23,9 +23,14 @@ rules:
 
 /// Two H200s (MIG `mig_on`) and an L4 (no MIG), the agent applying [`DYNAMIC`].
 async fn start(name: &str, mig_on: bool) -> DraNode {
+    start_with(name, mig_on, &[]).await
+}
+
+/// [`start`] with agent `flags`.
+async fn start_with(name: &str, mig_on: bool, flags: &[&str]) -> DraNode {
     let mut gpus = gpus("h200", 2, mig_on);
     gpus.push(Gpu::non_mig("NVIDIA L4", 23034));
-    let node = DraNode::start(name, gpus, &[], &[("dyn", DYNAMIC.to_string())], &[]).await;
+    let node = DraNode::start(name, gpus, &[], &[("dyn", DYNAMIC.to_string())], flags).await;
     node.apply("dyn", DYNAMIC);
     node
 }
@@ -124,15 +129,15 @@ fn claims_make_their_instances_at_prepare_and_destroy_them_at_unprepare() {
         );
         let generation = node.generation();
 
-        // First fit puts a 1g at slot 6, where only the 7g and the second 3g need room.
+        // First fit puts a 1g at slot 5: slot 6 would strand slot 7, slots 0-3 are the 4g's.
         let small = first_fit(&node, "1g.18gb", &[]);
-        assert_eq!(small, "gpu-0-mig-6-1g-18gb");
+        assert_eq!(small, "gpu-0-mig-5-1g-18gb");
         let uid = node.allocate("small", &small).await;
         let answer = node.prepare("small", &uid).await;
         assert_eq!(answer.error, "", "{}", node.node.log());
         let state = node.node.nvml();
         assert!(state.gpus[0].mig.as_ref().unwrap().current, "MIG turned on");
-        let gi = gi_at(&state, 0, 6).expect("a GPU instance at slot 6");
+        let gi = gi_at(&state, 0, 5).expect("a GPU instance at slot 5");
         let uuid = gi.compute_instances[0].uuid.clone();
         assert_eq!(
             node.spec_env(&uid),
@@ -151,7 +156,7 @@ fn claims_make_their_instances_at_prepare_and_destroy_them_at_unprepare() {
         let medium_uid = node.allocate("medium", &medium).await;
         assert_eq!(node.prepare("medium", &medium_uid).await.error, "");
 
-        // A scheduler gone wrong: 3g at 4:4 overlaps the 1g at slot 6.
+        // A scheduler gone wrong: 3g at 4:4 overlaps the 1g at slot 5.
         let before = node.node.mutations().len();
         let wrong = node.allocate("wrong", "gpu-0-mig-4-3g-71gb").await;
         let refused = node.prepare("wrong", &wrong).await;
@@ -161,7 +166,7 @@ fn claims_make_their_instances_at_prepare_and_destroy_them_at_unprepare() {
             refused.error
         );
         assert!(
-            refused.error.contains("1g.18gb at 6:1"),
+            refused.error.contains("1g.18gb at 5:1"),
             "{}",
             refused.error
         );
@@ -191,18 +196,18 @@ fn claims_make_their_instances_at_prepare_and_destroy_them_at_unprepare() {
         );
 
         // Unprepare waits for the instance's processes.
-        let gi_id = gi_at(&node.node.nvml(), 0, 6).unwrap().id;
+        let gi_id = gi_at(&node.node.nvml(), 0, 5).unwrap().id;
         node.node
             .add_workloads(&node.api, &[Workload::on_mig("small-pod", 7100, 0, gi_id)]);
         let busy = node.unprepare("small", &uid).await;
         assert!(busy.contains("7100") && busy.contains("retries"), "{busy}");
-        assert!(gi_at(&node.node.nvml(), 0, 6).is_some());
+        assert!(gi_at(&node.node.nvml(), 0, 5).is_some());
         let mut state = node.node.nvml();
         state.gpus[0].processes.clear();
         state.write_to(node.node.nvml_state()).unwrap();
         assert_eq!(node.unprepare("small", &uid).await, "");
         assert!(
-            gi_at(&node.node.nvml(), 0, 6).is_none(),
+            gi_at(&node.node.nvml(), 0, 5).is_none(),
             "the instance is destroyed"
         );
         assert!(!node.spec_file(&uid).exists());
@@ -325,14 +330,16 @@ fn a_crash_mid_create_leaves_no_half_instance_and_prepared_claims_keep_theirs() 
 }
 
 /// An instance made out of band on a dynamic GPU (here written into the fake NVML's state as
-/// `nvidia-smi mig -cgi` would make it) withdraws the devices it overlaps, with an Event naming
-/// it, until it is destroyed.
+/// `nvidia-smi mig -cgi` would make it): a claim allocated on top of it before the agent saw it
+/// is refused naming it; the next reconcile (here at the restart: resyncs are 5 min apart)
+/// withdraws the devices it overlaps, with an Event naming it; they come back once it is gone.
 #[test]
-fn out_of_band_instances_withdraw_what_they_overlap() {
+fn out_of_band_instances_are_refused_then_withdrawn_until_destroyed() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let node = start("dyn-c", true).await;
+        let mut node = start_with("dyn-c", true, &["--resync-period", "5m"]).await;
         assert!(node.published("gpu-1-mig-0-1g-18gb").is_some());
+        let wrong = node.allocate("wrong", "gpu-1-mig-0-2g-35gb").await;
         let mut state = node.node.nvml();
         state.gpus[1].gpu_instances.push(GpuInstance {
             id: 5,
@@ -346,6 +353,18 @@ fn out_of_band_instances_withdraw_what_they_overlap() {
             }],
         });
         state.write_to(node.node.nvml_state()).unwrap();
+        let before = node.node.mutations().len();
+        let refused = node.prepare("wrong", &wrong).await;
+        assert!(
+            refused.error.contains(
+                "it overlaps GPU instance 5 (1g.18gb at 0:1), which the scheduler did not know of"
+            ),
+            "{}",
+            refused.error
+        );
+        assert_eq!(node.node.mutations().len(), before, "nothing was changed");
+
+        node.restart_agent();
         let gone = node.api.wait_until(WAIT, |_| {
             let names = node.device_names();
             !names.contains("gpu-1-mig-0-1g-18gb") && !names.contains("gpu-1")
@@ -380,6 +399,7 @@ fn out_of_band_instances_withdraw_what_they_overlap() {
         let mut state = node.node.nvml();
         state.gpus[1].gpu_instances.clear();
         state.write_to(node.node.nvml_state()).unwrap();
+        node.restart_agent();
         let back = node.api.wait_until(WAIT, |_| {
             node.device_names().contains("gpu-1-mig-0-1g-18gb")
         });

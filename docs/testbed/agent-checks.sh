@@ -17,7 +17,10 @@
 # drops by the GPU's devices, Event DeviceUnhealthy. 6. `--plugin dra`: the kubelet's plugin
 # watcher registers the driver (grpc-go's :authority), slices published, a pod with a MIG claim
 # runs, the health stream is served (no "Unimplemented" in the kubelet log), and an XID on that
-# MIG device shows Unhealthy in the pod's allocatedResourcesStatus.
+# MIG device shows Unhealthy in the pod's allocatedResourcesStatus. 7. `--plugin dra` with a
+# `dynamicMig` profile: the real API server takes the counter slices, the real scheduler picks
+# placements for pods asking for 1g.10gb and 3g.40gb, the agent makes the instances at Prepare
+# and destroys them when the pods are deleted.
 # Results of the session that wrote it: its closing note (issues stops).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -217,6 +220,101 @@ done
 echo "after XID 48 on GI $gi CI $ci ($(echo "$(date +%s.%N) - $t0" | bc) s): $($K get pod dra-mig -o jsonpath='{.status.containerStatuses[0].allocatedResourcesStatus}')"
 echo "kubelet 'WatchResources … Unimplemented' lines: $unimplemented_before before, $(grep -c "WatchResources.*Unimplemented" "$TESTBED_DIR/logs/kubelet.log") now"
 $K delete pod dra-mig --wait=true --timeout=30s >/dev/null
+$K label node "$NODE" gpu-share.dev/profile- >/dev/null
+stop_agent
+fi
+
+if want 7; then
+echo "== 7. dynamic MIG with the real scheduler"
+$K apply -f "$ROOT/deploy/overlays/dra/device-classes.yaml" >/dev/null
+$K apply -n default -f "$ROOT/deploy/examples/dra/resource-claim-templates.yaml" >/dev/null
+$K -n gpu-share create configmap gpu-share-profiles \
+  --from-literal=dyn="$(printf 'version: v1\nrules:\n- devices: all\n  dynamicMig: true\n')" \
+  --dry-run=client -o yaml | $K apply -f - >/dev/null
+agent 19607 --plugin dra --cdi-root "$W/cdi" --dra-plugin-dir "$W/dra" \
+  --pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock
+$K label node "$NODE" gpu-share.dev/profile=dyn --overwrite >/dev/null
+wait_state success 60; echo "state $(state): $(reason)"
+sleep 2
+$K get resourceslices -o json > "$W/slices.json"
+python3 - "$W/slices.json" <<'PY'
+import json, sys
+items = json.load(open(sys.argv[1]))["items"]
+devices = [d for s in items for d in s["spec"].get("devices", [])]
+sets = [c for s in items for c in s["spec"].get("sharedCounters", [])]
+sizes = [len(c["counters"]) for c in sets]
+print(f"{len(items)} slices, {len(devices)} devices, {len(sets)} counter sets of {sizes} counters")
+PY
+grep -iE "SlicesRejected|refused" "$W/agent-19607.log" | head -3
+pod() { # $1 name, $2 template
+cat <<YAML | $K apply -f - >/dev/null
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  resourceClaims: [{name: mig, resourceClaimTemplateName: $2}]
+  containers:
+  - {name: c, image: k8s.local/busybox:1.35, imagePullPolicy: Never, command: [sleep, "3600"], resources: {claims: [{name: mig}]}}
+YAML
+}
+cat <<YAML | $K apply -n default -f - >/dev/null
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: mig-3g-40gb}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: mig
+        exactly:
+          deviceClassName: mig.gpu-share.dev
+          selectors: [{cel: {expression: 'device.attributes["gpu.gpu-share.dev"].migProfile == "3g.40gb"'}}]
+YAML
+for p in dyn-small-1 dyn-small-2; do pod $p mig-1g-10gb; $K wait --for=condition=Ready pod/$p --timeout=60s >/dev/null; done
+pod dyn-medium mig-3g-40gb
+$K wait --for=condition=Ready pod/dyn-medium --timeout=60s >/dev/null
+for p in dyn-small-1 dyn-small-2 dyn-medium; do
+  claim=$($K get pod $p -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
+  echo "pod $p ($($K get pod $p -o jsonpath='{.status.phase}')): $($K get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')"
+done
+# The whole GPU is not free while small instances are on it: a 7g claim waits.
+cat <<YAML | $K apply -n default -f - >/dev/null
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: mig-7g-80gb}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: mig
+        exactly:
+          deviceClassName: mig.gpu-share.dev
+          selectors: [{cel: {expression: 'device.attributes["gpu.gpu-share.dev"].migProfile == "7g.80gb"'}}]
+YAML
+pod dyn-big mig-7g-80gb
+sleep 5
+claim=$($K get pod dyn-big -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
+echo "pod dyn-big ($($K get pod dyn-big -o jsonpath='{.status.phase}')): $($K get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')"
+nvml_instances() {
+python3 - "$W/nvml.json" <<'PY'
+import json, sys
+out = []
+for i, g in enumerate(json.load(open(sys.argv[1]))["gpus"]):
+    mig = "on" if (g.get("mig") or {}).get("current") else "off"
+    gis = [f'GI {x["id"]} profile {x["profile_id"]} at {x["placement"]["start"]}:{x["placement"]["size"]} with {len(x.get("compute_instances", []))} CI'
+           for x in g.get("gpu_instances", [])]
+    out.append(f"GPU {i}: MIG {mig}, " + (", ".join(gis) or "no instances"))
+print("; ".join(out))
+PY
+}
+echo "NVML: $(nvml_instances)"
+$K delete pod dyn-small-1 dyn-small-2 dyn-medium dyn-big --wait=true --timeout=60s >/dev/null
+sleep 3
+echo "after deleting the pods, NVML: $(nvml_instances)"
+echo "journal: $(cat "$W/dra/dynamic-mig.json" 2>/dev/null | tr -d ' \n')"
+grep -E "made the claim|destroyed the claim|cannot" "$W/agent-19607.log" | cut -c1-220 | head -12
 $K label node "$NODE" gpu-share.dev/profile- >/dev/null
 stop_agent
 fi

@@ -84,9 +84,16 @@ pub(super) fn gpu_devices(parent: &Parent, model: &GpuModel, foreign: &[Placemen
 ///
 /// The scheduler allocates first fit: for a request it takes the first listed device whose
 /// counters are free, knowing nothing of MIG fragmentation. So small profiles come first and,
-/// within a profile, the placements that the fewest larger placements overlap (ties: the higher
-/// start, the end of the GPU): on an H100 a 1g instance goes to slot 6, which only the 7g and
-/// the second 3g need, before slot 0, which every larger profile's first placement needs.
+/// within a profile:
+/// 1. placements that keep the rest of their aligned block usable by the same profile first: a
+///    1g at slot 6 of an H100 strands slot 7, which no 1g can use (only a 1g.20gb at 6:2, the
+///    second 3g or the 7g), so slot 6 comes last for the 1g;
+/// 2. then those that the fewest larger placements overlap: slots 4-5 (the second 3g, a 2g,
+///    the 7g) before slots 0-3 (also the 4g and the first 3g);
+/// 3. then the higher start.
+///
+/// On an H100 that lists the 1g at 5, 4, 3, 2, 1, 0, 6 and the 3g at 4 before 0. Measured with
+/// `cargo bench --bench dynamic_mig` against the catalog's order (benches/README.md).
 pub fn placements(model: &GpuModel, order: Order) -> Vec<(&GpuInstanceProfile, Placement)> {
     let mut all: Vec<(&GpuInstanceProfile, Placement)> = model
         .gpu_instance_profiles
@@ -98,12 +105,29 @@ pub fn placements(model: &GpuModel, order: Order) -> Vec<(&GpuInstanceProfile, P
             (
                 profile.slots(),
                 profile.slice_count,
+                strands_its_block(profile, *placement),
                 blocked_by(model, profile, *placement),
                 std::cmp::Reverse(placement.start),
             )
         });
     }
     all
+}
+
+/// Whether an instance at `placement` leaves part of its aligned block (twice its size) that no
+/// placement of its own profile can use.
+fn strands_its_block(profile: &GpuInstanceProfile, placement: Placement) -> bool {
+    let block = 2 * placement.size;
+    let first = placement.start / block * block;
+    (first..first + block)
+        .step_by(placement.size as usize)
+        .filter(|&start| start != placement.start)
+        .any(|start| {
+            !profile.placements.contains(&Placement {
+                start,
+                size: placement.size,
+            })
+        })
 }
 
 /// How many placements of larger profiles (more slots or more compute slices) `placement`
