@@ -69,7 +69,8 @@ fn running_pods(node: &str, plan: &NodePlan, share: f64) -> Vec<PodDemand> {
         let resource = gpu.resources.keys().next().cloned().unwrap_or_default();
         match &gpu.mode {
             PlannedMode::Exclusive if share > 0.0 && gpu.index % 2 == 0 => add(&resource, None),
-            PlannedMode::Exclusive => {}
+            // Dynamic MIG is DRA only, which advise does not plan for: no demand.
+            PlannedMode::Exclusive | PlannedMode::DynamicMig => {}
             PlannedMode::TimeSlicing { replicas } => {
                 (0..part(*replicas)).for_each(|_| add(&resource, Some("shared")));
             }

@@ -217,6 +217,13 @@ fn schema_is_json_schema_that_forbids_unknown_fields() {
     assert_eq!(schema["additionalProperties"], false);
     assert!(schema["properties"]["rules"].is_object());
     assert_eq!(schema["required"], serde_json::json!(["version", "rules"]));
+    let rule = &schema["$defs"]["Rule"]["properties"];
+    assert!(
+        rule["dynamicMig"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("--plugin dra")),
+        "{rule}"
+    );
 }
 
 #[test]
@@ -427,6 +434,72 @@ fn builtin_examples_validate_for_the_builtin_plugin_only_and_plan() {
             "{file}: no NVIDIA config for builtin"
         );
     }
+}
+
+/// The examples under profiles/dra/ (`dynamicMig`, DRA only): refused for both device plugins
+/// with a message naming `--plugin dra`, valid for DRA, and planned on the node each is written
+/// for with its dynamic GPUs left alone and their placements in the slices.
+#[test]
+fn dra_examples_validate_for_dra_only_and_plan_dynamic_gpus() {
+    let mut on_disk: Vec<String> = std::fs::read_dir("profiles/dra")
+        .unwrap()
+        .map(|e| format!("profiles/dra/{}", e.unwrap().file_name().to_string_lossy()))
+        .collect();
+    on_disk.sort();
+    assert_eq!(
+        on_disk,
+        ["profiles/dra/h200-dynamic-mig.yaml"],
+        "list new DRA examples here"
+    );
+    let file = "profiles/dra/h200-dynamic-mig.yaml";
+    for plugin in ["nvidia", "builtin"] {
+        let out = gpu_share(&["validate", "--plugin", plugin, file]);
+        assert_eq!(out.status.code(), Some(1), "{plugin}: {}", stdout(&out));
+        assert!(
+            stdout(&out).contains("dynamicMig needs `--plugin dra`"),
+            "{}",
+            stdout(&out)
+        );
+    }
+    let dra = gpu_share(&["validate", "--plugin", "dra", file]);
+    assert!(dra.status.success(), "{}", stdout(&dra));
+    let plan = gpu_share(&[
+        "plan",
+        "--plugin",
+        "dra",
+        "--profile",
+        file,
+        "--gpu",
+        "h200x8",
+        "-o",
+        "json",
+    ]);
+    assert!(plan.status.success(), "{}", stdout(&plan));
+    let plan = json(&plan);
+    let gpus = plan["gpus"].as_array().unwrap();
+    let dynamic = gpus
+        .iter()
+        .filter(|g| g["mode"]["type"] == "dynamicMig")
+        .count();
+    assert_eq!(dynamic, 6);
+    assert!(gpus
+        .iter()
+        .all(|g| g.get("geometry").is_none() && g.get("migMode").is_none()));
+    let devices: Vec<String> = plan["resourceSlices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        devices.iter().any(|d| d == "gpu-5-mig-0-7g-141gb"),
+        "{devices:?}"
+    );
+    assert!(
+        !devices.iter().any(|d| d.starts_with("gpu-6-mig")),
+        "{devices:?}"
+    );
 }
 
 #[test]

@@ -295,7 +295,7 @@ fn a_crash_mid_create_leaves_no_half_instance_and_prepared_claims_keep_theirs() 
             .iter()
             .map(|e| e.device.clone())
             .collect();
-        assert_eq!(entries, [kept.clone()]);
+        assert_eq!(entries, std::slice::from_ref(&kept));
         // The kubelet retries: made whole this time.
         let answer = prepare_retrying(&node, "small", &uid).await;
         assert_eq!(answer.error, "", "{}", node.node.log());
