@@ -6,7 +6,6 @@
 //! `resourceSliceCount` slices make the pool.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,23 +43,7 @@ fn published(api: &KubeDouble, node: &str) -> Vec<Value> {
 /// What `gpu-share plan --plugin dra` prints for `profile` on the node's GPUs as they are now
 /// (`gpu-share status -o json` → `plan --current`): its `resourceSlices`.
 fn planned(node: &AgentNode, profile: &str) -> Vec<Value> {
-    let observed = observe(&node.nvml_state());
-    let current = node.path("observed.json");
-    std::fs::write(&current, serde_json::to_vec(&observed).unwrap()).unwrap();
-    let file = node.path("profile.yaml");
-    std::fs::write(&file, text_of(profile)).unwrap();
-    let out = Command::new(gpu_share_bin())
-        .args(["plan", "--plugin", "dra", "--output", "json"])
-        .args(["--node-name", &node.name, "--profile"])
-        .arg(&file)
-        .arg("--current")
-        .arg(&current)
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "plan {profile}: {}", text(&out));
-    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
-    plan["resourceSlices"].as_array().unwrap().clone()
+    planned_slices(node, &text_of(profile))
 }
 
 /// A profile of more shares than one slice holds (128 devices): 2 GPUs × 100 shares.

@@ -259,10 +259,11 @@ spec:
   - {name: c, image: k8s.local/busybox:1.35, imagePullPolicy: Never, command: [sleep, "3600"], resources: {claims: [{name: mig}]}}
 YAML
 }
+template() { # $1 name, $2 MIG profile
 cat <<YAML | $K apply -n default -f - >/dev/null
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
-metadata: {name: mig-3g-40gb}
+metadata: {name: $1}
 spec:
   spec:
     devices:
@@ -270,8 +271,10 @@ spec:
       - name: mig
         exactly:
           deviceClassName: mig.gpu-share.dev
-          selectors: [{cel: {expression: 'device.attributes["gpu.gpu-share.dev"].migProfile == "3g.40gb"'}}]
+          selectors: [{cel: {expression: 'device.attributes["gpu.gpu-share.dev"].migProfile == "$2"'}}]
 YAML
+}
+template mig-3g-40gb 3g.40gb
 for p in dyn-small-1 dyn-small-2; do pod $p mig-1g-10gb; $K wait --for=condition=Ready pod/$p --timeout=60s >/dev/null; done
 pod dyn-medium mig-3g-40gb
 $K wait --for=condition=Ready pod/dyn-medium --timeout=60s >/dev/null
@@ -279,20 +282,8 @@ for p in dyn-small-1 dyn-small-2 dyn-medium; do
   claim=$($K get pod $p -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
   echo "pod $p ($($K get pod $p -o jsonpath='{.status.phase}')): $($K get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')"
 done
-# The whole GPU is not free while small instances are on it: a 7g claim waits.
-cat <<YAML | $K apply -n default -f - >/dev/null
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: mig-7g-80gb}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: mig
-        exactly:
-          deviceClassName: mig.gpu-share.dev
-          selectors: [{cel: {expression: 'device.attributes["gpu.gpu-share.dev"].migProfile == "7g.80gb"'}}]
-YAML
+# A 7g claim: GPU 0 holds small instances, so first fit takes GPU 1 (its MIG turned on).
+template mig-7g-80gb 7g.80gb
 pod dyn-big mig-7g-80gb
 sleep 5
 claim=$($K get pod dyn-big -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')

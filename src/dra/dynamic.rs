@@ -158,7 +158,7 @@ fn counter_set(index: u32, model: &GpuModel) -> CounterSet {
 
 /// The OFA and media-engine share of a profile (module doc).
 fn engines(model: &GpuModel, profile: &GpuInstanceProfile) -> (u64, u64) {
-    let ofa = u64::from(profile.ofa.unwrap_or(0) > 0 || profile.name.contains("+me"));
+    let ofa = u64::from(profile.engines.ofa.unwrap_or(0) > 0 || profile.name.contains("+me"));
     let media = if profile.takes_all_media_engines() {
         model.max_mig_devices.into()
     } else if profile.has_no_media_engines() {
@@ -184,12 +184,12 @@ fn mig_device(
     let mut device = parent.mig_device_without_uuid(&instance);
     dynamic(&mut device);
     for (name, value) in [
-        ("multiprocessors", profile.sm_count),
-        ("copyEngines", profile.copy_engines),
-        ("decoders", profile.decoders),
-        ("encoders", profile.encoders),
-        ("jpegEngines", profile.jpeg),
-        ("ofa", profile.ofa),
+        ("multiprocessors", profile.engines.sm_count),
+        ("copyEngines", profile.engines.copy_engines),
+        ("decoders", profile.engines.decoders),
+        ("encoders", profile.engines.encoders),
+        ("jpegEngines", profile.engines.jpeg),
+        ("ofa", profile.engines.ofa),
     ] {
         if let Some(n) = value {
             capacity(&mut device, name, count(n.into()));

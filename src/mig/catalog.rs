@@ -108,9 +108,21 @@ pub struct GpuInstanceProfile {
     #[serde(default)]
     pub memory_from: MemorySource,
     pub placements: Vec<Placement>,
-    /// `info.multiprocessorCount` and the engine counts of `nvidia-smi mig -lgip` (unknown for
-    /// a few unverified models). Dynamic MIG publishes them as device capacities, and the OFA
-    /// as a counter: a GPU has one.
+    /// `info.multiprocessorCount` and the engine counts of `nvidia-smi mig -lgip`.
+    #[serde(flatten)]
+    pub engines: Engines,
+    pub ci_profile_set: String,
+    #[serde(default)]
+    pub verified: bool,
+    #[serde(default)]
+    pub placements_verified: bool,
+}
+
+/// What `nvmlGpuInstanceProfileInfo_t` reports beside the geometry (unknown for a few
+/// unverified models). Dynamic MIG publishes them as device capacities, and the OFA as a
+/// counter (a GPU has one); the fake NVML reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Engines {
     #[serde(default)]
     pub sm_count: Option<u32>,
     #[serde(default)]
@@ -123,11 +135,6 @@ pub struct GpuInstanceProfile {
     pub jpeg: Option<u32>,
     #[serde(default)]
     pub ofa: Option<u32>,
-    pub ci_profile_set: String,
-    #[serde(default)]
-    pub verified: bool,
-    #[serde(default)]
-    pub placements_verified: bool,
 }
 
 /// Where a profile's `memory_mib` comes from. Only [`MemorySource::Nvml`] is exact: the other

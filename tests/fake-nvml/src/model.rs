@@ -1,31 +1,15 @@
-//! What the fake derives from the shared MIG catalog: engine counts (read from the same embedded
-//! YAML, since the planner's `Catalog` type does not carry them), placement order, GI ids, names
-//! and UUIDs.
+//! What the fake derives from the shared MIG catalog: engine counts per model variant (the
+//! catalog's [`Engines`] with each variant's SM counts, read from the same embedded YAML),
+//! placement order, GI ids, names and UUIDs.
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
+pub use gpu_share::mig::catalog::Engines;
 use gpu_share::mig::catalog::{
     ComputeInstanceProfile, GpuInstanceProfile, GpuModel, Placement, CATALOG_YAML,
 };
 use serde::Deserialize;
-
-/// The counts `nvmlGpuInstanceProfileInfo_t` reports beside the catalog's geometry.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-pub struct Engines {
-    #[serde(default)]
-    pub sm_count: Option<u32>,
-    #[serde(default)]
-    pub copy_engines: Option<u32>,
-    #[serde(default)]
-    pub decoders: Option<u32>,
-    #[serde(default)]
-    pub encoders: Option<u32>,
-    #[serde(default)]
-    pub jpeg: Option<u32>,
-    #[serde(default)]
-    pub ofa: Option<u32>,
-}
 
 #[derive(Deserialize)]
 struct ExtrasFile {

@@ -154,23 +154,7 @@ impl DraNode {
     /// What `gpu-share plan --plugin dra` prints for profile `text` on the GPUs as they are now:
     /// the names of its devices.
     pub fn planned_devices(&self, profile: &str) -> BTreeSet<String> {
-        let current = self.node.path("observed.json");
-        let observed = observe(&self.node.nvml_state());
-        std::fs::write(&current, serde_json::to_vec(&observed).unwrap()).unwrap();
-        let file = self.node.path("next.yaml");
-        std::fs::write(&file, profile).unwrap();
-        let out = Command::new(gpu_share_bin())
-            .args(["plan", "--plugin", "dra", "--output", "json"])
-            .args(["--node-name", &self.name, "--profile"])
-            .arg(&file)
-            .arg("--current")
-            .arg(&current)
-            .env("RUST_LOG", "warn")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "plan: {}", text(&out));
-        let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
-        device_names(plan["resourceSlices"].as_array().unwrap())
+        device_names(&planned_slices(&self.node, profile))
     }
 
     /// The UUID of the MIG device at placement `start` of GPU `gpu`, as the fake NVML made it.
@@ -246,6 +230,28 @@ impl DraNode {
     pub fn checkpoint(&self) -> Checkpoint {
         Checkpoint::load(&self.plugin_dir.join("checkpoint.json")).unwrap()
     }
+}
+
+/// The `resourceSlices` of `gpu-share plan --plugin dra` for `profile_text` on `node`'s GPUs as
+/// NVML shows them now (`status -o json` → `plan --current`).
+pub fn planned_slices(node: &AgentNode, profile_text: &str) -> Vec<Value> {
+    let current = node.path("observed.json");
+    let observed = observe(&node.nvml_state());
+    std::fs::write(&current, serde_json::to_vec(&observed).unwrap()).unwrap();
+    let file = node.path("next.yaml");
+    std::fs::write(&file, profile_text).unwrap();
+    let out = Command::new(gpu_share_bin())
+        .args(["plan", "--plugin", "dra", "--output", "json"])
+        .args(["--node-name", &node.name, "--profile"])
+        .arg(&file)
+        .arg("--current")
+        .arg(&current)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "plan: {}", text(&out));
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    plan["resourceSlices"].as_array().unwrap().clone()
 }
 
 pub fn as_strs(flags: &[String]) -> Vec<&str> {
