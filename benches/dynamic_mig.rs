@@ -50,7 +50,7 @@ fn env(name: &str, default: u64) -> u64 {
 
 fn slices(model: &GpuModel, gpus: u64, order: Order) -> Vec<ResourceSlice> {
     let profile = parse_profile("dyn", DYNAMIC).unwrap();
-    let node = ObservedNode::simulated(&[format!("{}x{gpus}", model.key)]);
+    let node = ObservedNode::simulated(&vec![model.key.clone(); gpus as usize]);
     let plan = plan_for("dyn", &profile, &node, PluginKind::Dra).unwrap();
     let mut slices =
         resource_slices_with("node", 1, &plan.gpus, &node, &ClaimedInstances::default());

@@ -21,6 +21,15 @@ rules:
     dynamicMig: true
 ";
 
+/// GPU 0 back to a fixed geometry (seven 1g.18gb), the others whole.
+const STATIC: &str = "version: v1
+rules:
+  - devices: [0]
+    mig: {1g.18gb: 7}
+  - devices: [1, 2]
+    exclusive: true
+";
+
 /// Two H200s (MIG `mig_on`) and an L4 (no MIG), the agent applying [`DYNAMIC`].
 async fn start(name: &str, mig_on: bool) -> DraNode {
     start_with(name, mig_on, &[]).await
@@ -30,7 +39,8 @@ async fn start(name: &str, mig_on: bool) -> DraNode {
 async fn start_with(name: &str, mig_on: bool, flags: &[&str]) -> DraNode {
     let mut gpus = gpus("h200", 2, mig_on);
     gpus.push(Gpu::non_mig("NVIDIA L4", 23034));
-    let node = DraNode::start(name, gpus, &[], &[("dyn", DYNAMIC.to_string())], flags).await;
+    let profiles = [("dyn", DYNAMIC.to_string()), ("static", STATIC.to_string())];
+    let node = DraNode::start(name, gpus, &[], &profiles, flags).await;
     node.apply("dyn", DYNAMIC);
     node
 }
@@ -404,5 +414,38 @@ fn out_of_band_instances_are_refused_then_withdrawn_until_destroyed() {
             node.device_names().contains("gpu-1-mig-0-1g-18gb")
         });
         assert!(back, "{}", node.node.log());
+    });
+}
+
+/// Leaving dynamic MIG: a claim's instance that the new fixed geometry keeps becomes the
+/// profile's (its journal entry goes before the drain), so the claim's Unprepare no longer
+/// destroys it.
+#[test]
+fn leaving_dynamic_mig_hands_the_claims_instances_to_the_profile() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let node = start("dyn-d", true).await;
+        let small = first_fit(&node, "1g.18gb", &[]);
+        let uid = node.allocate("small", &small).await;
+        assert_eq!(node.prepare("small", &uid).await.error, "");
+        let start_slot = attr_int(&node.published(&small).unwrap(), "migPlacementStart");
+        let gi = gi_at(&node.node.nvml(), 0, start_slot).unwrap().id;
+
+        node.apply("static", STATIC);
+        let state = node.node.nvml();
+        assert_eq!(state.gpus[0].gpu_instances.len(), 7, "the fixed geometry");
+        assert_eq!(
+            gi_at(&state, 0, start_slot).unwrap().id,
+            gi,
+            "the claim's instance kept"
+        );
+        assert!(journal(&node).entries.is_empty(), "{:?}", journal(&node));
+        assert_eq!(node.unprepare("small", &uid).await, "");
+        assert_eq!(
+            gi_at(&node.node.nvml(), 0, start_slot).map(|g| g.id),
+            Some(gi),
+            "Unprepare left the profile's instance alone: {}",
+            node.node.log()
+        );
     });
 }

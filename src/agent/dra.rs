@@ -44,6 +44,37 @@ impl Reconciler {
             .unwrap_or_default()
     }
 
+    /// Instances claims made on GPUs that `plan` no longer makes dynamic become the profile's:
+    /// their journal entries go, so the kubelet plugin does not destroy them at Unprepare (the
+    /// new geometry may keep an instance, or put its own at the same placement). Done before
+    /// the drain, whose evictions bring those Unprepares; the apply keeps or destroys them as
+    /// for any instance.
+    fn adopt_claims_instances(&self, plan: &NodePlan) {
+        let Some(journal) = &self.mig_journal else {
+            return;
+        };
+        let dynamic: Vec<u32> = plan
+            .gpus
+            .iter()
+            .filter(|g| g.mode == crate::sharing::PlannedMode::DynamicMig)
+            .map(|g| g.index)
+            .collect();
+        let mut entries = journal.lock();
+        let (kept, adopted): (Vec<_>, Vec<_>) = std::mem::take(&mut entries.entries)
+            .into_iter()
+            .partition(|e| dynamic.contains(&e.gpu));
+        entries.entries = kept;
+        if adopted.is_empty() {
+            return;
+        }
+        let devices: Vec<String> = adopted.iter().map(|e| e.device.clone()).collect();
+        info!(devices = %devices.join(","), profile = %plan.profile,
+              "instances claims made on GPUs no longer dynamic are the profile's now");
+        if let Err(error) = journal.save(&entries) {
+            warn!(%error, "cannot write the dynamic-MIG journal; a restart would destroy those instances at Unprepare");
+        }
+    }
+
     /// A Warning Event naming the instances on dynamic-MIG GPUs that no claim made: the
     /// devices they overlap were just withdrawn from the slices, and stay so until they go.
     fn name_out_of_band(
@@ -94,6 +125,7 @@ impl Reconciler {
         let Some(publisher) = &self.dra else {
             return Ok(());
         };
+        self.adopt_claims_instances(plan);
         let claimed = self.claimed_instances();
         let slices = dra::resource_slices_with(&self.node_name, 0, &plan.gpus, observed, &claimed);
         match publisher.publish(slices).await {
@@ -127,6 +159,7 @@ impl Reconciler {
             return Ok(());
         };
         let next = plan_for(key, profile, observed, self.apply.plugin).map_err(|p| invalid(&p))?;
+        self.adopt_claims_instances(&next);
         let slices = dra::resource_slices_with(
             &self.node_name,
             0,

@@ -465,8 +465,13 @@ fn capacity(
         .insert(name.into(), DeviceCapacity { value });
 }
 
-/// A MIG profile as part of a DNS label: `1g.10gb+me` → `1g-10gb-me`.
+/// A MIG profile as part of a DNS label: `1g.10gb+me` → `1g-10gb-me`, `1g.24gb-me` (no media
+/// engines) → `1g-24gb-no-me`, so that a model with both (RTX PRO 6000) names them apart.
 fn dns_label_part(profile: &str) -> String {
+    let profile = match profile.strip_suffix("-me") {
+        Some(base) => format!("{base}-no-me"),
+        None => profile.to_string(),
+    };
     profile
         .to_ascii_lowercase()
         .chars()

@@ -234,3 +234,13 @@ fn whatever_first_fit_allocates_together_is_a_geometry_the_gpu_accepts() {
         assert!(slices_used <= model.compute_slices, "{devices:?}");
     }
 }
+
+#[test]
+fn every_models_dynamic_devices_have_unique_names() {
+    for model in &catalog().models {
+        let slices = slices(&[model.key.as_str()], |_| {}, &ClaimedInstances::default());
+        let all = names(&slices);
+        let unique: BTreeSet<&String> = all.iter().collect();
+        assert_eq!(unique.len(), all.len(), "{}: {all:?}", model.key);
+    }
+}

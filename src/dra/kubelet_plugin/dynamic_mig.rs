@@ -143,7 +143,7 @@ impl DynamicMig {
             Err(e) => {
                 // A GPU instance made without its compute instance is destroyed: half an
                 // instance is never left on the GPU (NVIDIA's DRA driver leaves it, #1452).
-                let rollback = self.destroy_at(gpu, placement);
+                let rollback = self.destroy_at(gpu, placement, None);
                 journal.remove(claim.uid, name);
                 let saved = self.journal.save(journal);
                 return Err(format!(
@@ -280,7 +280,7 @@ impl DynamicMig {
                 entry.state = State::Destroying;
                 journal.put(entry.clone());
                 self.journal.save(&journal)?;
-                self.destroy_at(entry.gpu, instance.placement)?;
+                self.destroy_at(entry.gpu, instance.placement, instance.gi_id)?;
                 info!(claim = claim.shown, device = %entry.device, gpu = entry.gpu,
                       placement = %instance.placement, "destroyed the claim's MIG instance");
             }
@@ -290,12 +290,23 @@ impl DynamicMig {
         Ok(())
     }
 
-    /// Destroy the GPU instance at `placement` (compute instances first), if there is one.
-    fn destroy_at(&self, gpu: u32, placement: Placement) -> Result<(), String> {
+    /// Destroy the GPU instance at `placement` (compute instances first), if there is one and
+    /// it is the one journaled (`expected`, when its id is known): an instance made there since
+    /// by someone else is not the claim's to destroy.
+    fn destroy_at(
+        &self,
+        gpu: u32,
+        placement: Placement,
+        expected: Option<u32>,
+    ) -> Result<(), String> {
         let observed = self.observe(gpu)?;
         let Some(gi_id) = gi_at(&observed, placement) else {
             return Ok(());
         };
+        if expected.is_some_and(|id| id != gi_id) {
+            warn!(gpu, %placement, gi_id, "the GPU instance there is not the one made for the claim; left alone");
+            return Ok(());
+        }
         match self.gpus.with(|g: &Gpus| g.destroy_instance(gpu, gi_id)) {
             Ok(()) | Err(GpuError::NoSuchInstance { .. }) => Ok(()),
             Err(e) => Err(format!(
@@ -380,7 +391,7 @@ pub fn recover(mig: &DynamicMig, prepared: impl Fn(&str) -> bool) -> Result<(), 
             complete(mig, &observed, &entry, instance);
             continue;
         }
-        match mig.destroy_at(entry.gpu, instance.placement) {
+        match mig.destroy_at(entry.gpu, instance.placement, instance.gi_id) {
             Ok(()) => {
                 info!(claim = %entry.claim, device = %entry.device, gpu = entry.gpu,
                       placement = %instance.placement,
