@@ -20,7 +20,9 @@
 # MIG device shows Unhealthy in the pod's allocatedResourcesStatus. 7. `--plugin dra` with a
 # `dynamicMig` profile: the real API server takes the counter slices, the real scheduler picks
 # placements for pods asking for 1g.10gb and 3g.40gb, the agent makes the instances at Prepare
-# and destroys them when the pods are deleted.
+# and destroys them when the pods are deleted. 8. Leaving dynamic MIG while a pod holds an
+# instance the new fixed geometry keeps: the pod is not evicted, the instance stays through the
+# pod's deletion (the profile owns it now).
 # Results of the session that wrote it: its closing note (issues stops).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -165,6 +167,33 @@ curl -s "127.0.0.1:19605/metrics" | grep -E "^gpu_share_(unhealthy_devices|criti
 stop_agent
 fi
 
+# A pod with one claim from ResourceClaimTemplate $2.
+pod() { # $1 name, $2 template
+cat <<YAML | $K apply -f - >/dev/null
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  resourceClaims: [{name: mig, resourceClaimTemplateName: $2}]
+  containers:
+  - {name: c, image: k8s.local/busybox:1.35, imagePullPolicy: Never, command: [sleep, "3600"], resources: {claims: [{name: mig}]}}
+YAML
+}
+# GPU instances per GPU in the fake NVML state.
+nvml_instances() {
+python3 - "$W/nvml.json" <<'PY'
+import json, sys
+out = []
+for i, g in enumerate(json.load(open(sys.argv[1]))["gpus"]):
+    mig = "on" if (g.get("mig") or {}).get("current") else "off"
+    gis = [f'GI {x["id"]} profile {x["profile_id"]} at {x["placement"]["start"]}:{x["placement"]["size"]} with {len(x.get("compute_instances", []))} CI'
+           for x in g.get("gpu_instances", [])]
+    out.append(f"GPU {i}: MIG {mig}, " + (", ".join(gis) or "no instances"))
+print("; ".join(out))
+PY
+}
 if want 6; then
 echo "== 6. --plugin dra with the real kubelet"
 $K apply -f "$ROOT/deploy/overlays/dra/device-classes.yaml" >/dev/null
@@ -184,17 +213,7 @@ sleep 2
 echo "kubelet log since the agent started:"
 tail -n +"$kubelet_lines" "$TESTBED_DIR/logs/kubelet.log" | grep -iE "gpu.gpu-share.dev|RegisterPlugin|WatchResources" | cut -c1-260 | head -8
 echo "ResourceSlices:"; $K get resourceslices -o custom-columns=NAME:.metadata.name,DEVICES:.spec.devices[*].name --no-headers | cut -c1-200
-cat <<YAML | $K apply -f - >/dev/null
-apiVersion: v1
-kind: Pod
-metadata: {name: dra-mig, namespace: default}
-spec:
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  resourceClaims: [{name: mig, resourceClaimTemplateName: mig-1g-10gb}]
-  containers:
-  - {name: c, image: k8s.local/busybox:1.35, imagePullPolicy: Never, command: [sleep, "3600"], resources: {claims: [{name: mig}]}}
-YAML
+pod dra-mig mig-1g-10gb
 $K wait --for=condition=Ready pod/dra-mig --timeout=60s >/dev/null && echo "pod dra-mig Ready"
 claim=$($K get pod dra-mig -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
 device=$($K get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')
@@ -246,19 +265,6 @@ sizes = [len(c["counters"]) for c in sets]
 print(f"{len(items)} slices, {len(devices)} devices, {len(sets)} counter sets of {sizes} counters")
 PY
 grep -iE "SlicesRejected|refused" "$W/agent-19607.log" | head -3
-pod() { # $1 name, $2 template
-cat <<YAML | $K apply -f - >/dev/null
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: default}
-spec:
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  resourceClaims: [{name: mig, resourceClaimTemplateName: $2}]
-  containers:
-  - {name: c, image: k8s.local/busybox:1.35, imagePullPolicy: Never, command: [sleep, "3600"], resources: {claims: [{name: mig}]}}
-YAML
-}
 template() { # $1 name, $2 MIG profile
 cat <<YAML | $K apply -n default -f - >/dev/null
 apiVersion: resource.k8s.io/v1
@@ -288,24 +294,38 @@ pod dyn-big mig-7g-80gb
 sleep 5
 claim=$($K get pod dyn-big -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
 echo "pod dyn-big ($($K get pod dyn-big -o jsonpath='{.status.phase}')): $($K get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')"
-nvml_instances() {
-python3 - "$W/nvml.json" <<'PY'
-import json, sys
-out = []
-for i, g in enumerate(json.load(open(sys.argv[1]))["gpus"]):
-    mig = "on" if (g.get("mig") or {}).get("current") else "off"
-    gis = [f'GI {x["id"]} profile {x["profile_id"]} at {x["placement"]["start"]}:{x["placement"]["size"]} with {len(x.get("compute_instances", []))} CI'
-           for x in g.get("gpu_instances", [])]
-    out.append(f"GPU {i}: MIG {mig}, " + (", ".join(gis) or "no instances"))
-print("; ".join(out))
-PY
-}
 echo "NVML: $(nvml_instances)"
 $K delete pod dyn-small-1 dyn-small-2 dyn-medium dyn-big --wait=true --timeout=60s >/dev/null
 sleep 3
 echo "after deleting the pods, NVML: $(nvml_instances)"
 echo "journal: $(cat "$W/dra/dynamic-mig.json" 2>/dev/null | tr -d ' \n')"
 grep -E "made the claim|destroyed the claim|cannot" "$W/agent-19607.log" | cut -c1-220 | head -12
+$K label node "$NODE" gpu-share.dev/profile- >/dev/null
+stop_agent
+fi
+
+if want 8; then
+echo "== 8. leaving dynamic MIG with a pod on a kept instance"
+$K -n gpu-share create configmap gpu-share-profiles \
+  --from-literal=dyn="$(printf 'version: v1\nrules:\n- devices: all\n  dynamicMig: true\n')" \
+  --from-literal=static="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {1g.10gb: 7}\n- devices: [1]\n  exclusive: true\n')" \
+  --dry-run=client -o yaml | $K apply -f - >/dev/null
+agent 19608 --plugin dra --cdi-root "$W/cdi" --dra-plugin-dir "$W/dra" \
+  --pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock
+$K label node "$NODE" gpu-share.dev/profile=dyn --overwrite >/dev/null
+wait_state success 60; sleep 2
+pod dyn-keep mig-1g-10gb
+$K wait --for=condition=Ready pod/dyn-keep --timeout=60s >/dev/null
+claim=$($K get pod dyn-keep -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
+echo "pod dyn-keep: $($K get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')"
+$K label node "$NODE" gpu-share.dev/profile=static --overwrite >/dev/null
+sleep 2; wait_state success 60; echo "state $(state): $(reason)"
+echo "pod dyn-keep after the change: $($K get pod dyn-keep -o jsonpath='{.status.phase}') (evictions in the agent log: $(grep -c 'evict' "$W/agent-19608.log"))"
+echo "journal: $(tr -d ' \n' < "$W/dra/dynamic-mig.json")"
+echo "NVML: $(nvml_instances)"
+$K delete pod dyn-keep --wait=true --timeout=60s >/dev/null; sleep 3
+echo "after deleting the pod, NVML: $(nvml_instances)"
+grep -E "profile's now|destroyed the claim" "$W/agent-19608.log" | cut -c1-220
 $K label node "$NODE" gpu-share.dev/profile- >/dev/null
 stop_agent
 fi
