@@ -1,19 +1,32 @@
-//! Dynamic MIG packing: the same random stream of MIG claims, allocated first fit (the way
-//! kube-scheduler's DRA allocator does: first listed device whose counters are free; the model
-//! is `gpu_share::dra::dynamic::first_fit`, checked against the real scheduler on the test bed)
-//! over the devices as gpu-share lists them (first-fit order) and over the catalog's order. The
-//! difference is fragmentation: a small instance placed where a large one would go.
+//! Dynamic MIG figures (docs/dra.md, "Dynamic MIG"; benches/README.md, "dynamic_mig"), in three
+//! parts, each a module:
 //!
-//! `cargo bench --bench dynamic_mig` prints, per model and order, the claims refused while the
-//! node had enough free memory slices for them (refused only because of where earlier ones were
-//! put), by profile, and the mean share of slices in use. Knobs: `GPU_SHARE_BENCH_CLAIMS`
-//! (200000), `GPU_SHARE_BENCH_GPUS` (8).
+//! - [`order`]: the same random stream of MIG claims, allocated first fit (the way
+//!   kube-scheduler's DRA allocator does: first listed device whose counters are free; the
+//!   model is `gpu_share::dra::dynamic::first_fit`, checked against the real scheduler on the
+//!   test bed) over the devices as gpu-share lists them and over the catalog's order.
+//! - [`versus_static`]: one stream of claims of mixed MIG shapes on N H100s, served by dynamic
+//!   MIG, by the static geometry `advise` picks for the stream, and by a fixed `all-1g.10gb`:
+//!   claims refused and GPUs used.
+//! - [`prepare`]: a claim prepared → its MIG device ready, through the real agent (`--plugin
+//!   dra`, the simulated kubelet's gRPC call, the fake NVML), p50/p99, beside the NVML creates
+//!   and destroys of the same instances alone.
+//!
+//! `cargo bench --bench dynamic_mig` prints Markdown tables. Knobs: `GPU_SHARE_BENCH_CLAIMS`
+//! (200000), `GPU_SHARE_BENCH_GPUS` (8), `GPU_SHARE_BENCH_PREPARES` (400),
+//! `GPU_SHARE_BENCH_PARTS` (`order,static,prepare`).
+
+#[path = "dynamic_mig/order.rs"]
+mod order;
+#[path = "dynamic_mig/prepare.rs"]
+mod prepare;
+#[path = "dynamic_mig/versus_static.rs"]
+mod versus_static;
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use gpu_share::dra::api::ResourceSlice;
-use gpu_share::dra::dynamic::first_fit::{mig_profile, Pool};
+use gpu_share::dra::api::{Device, ResourceSlice};
 use gpu_share::dra::dynamic::{placements, ClaimedInstances, Order};
 use gpu_share::dra::resource_slices_with;
 use gpu_share::gpu::ObservedNode;
@@ -48,12 +61,52 @@ fn env(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-fn slices(model: &GpuModel, gpus: u64, order: Order) -> Vec<ResourceSlice> {
-    let profile = parse_profile("dyn", DYNAMIC).unwrap();
+/// A seeded xorshift64: the same stream on every run and for every policy compared.
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Rng {
+        Rng(0x9e37_79b9_7f4a_7c15)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in (0, 1].
+    fn unit(&mut self) -> f64 {
+        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+
+    /// A profile of `mix`, by weight.
+    fn profile(&mut self, mix: &[(String, u32)]) -> String {
+        let total: u64 = mix.iter().map(|(_, w)| u64::from(*w)).sum();
+        let mut pick = self.next() % total;
+        for (profile, weight) in mix {
+            if pick < u64::from(*weight) {
+                return profile.clone();
+            }
+            pick -= u64::from(*weight);
+        }
+        unreachable!("pick < total")
+    }
+}
+
+/// The slices a node of `gpus` × `model` publishes for profile `text` (`plan --plugin dra`).
+fn slices_for(model: &GpuModel, gpus: u64, text: &str) -> Vec<ResourceSlice> {
+    let profile = parse_profile("bench", text).unwrap();
     let node = ObservedNode::simulated(&vec![model.key.clone(); gpus as usize]);
-    let plan = plan_for("dyn", &profile, &node, PluginKind::Dra).unwrap();
-    let mut slices =
-        resource_slices_with("node", 1, &plan.gpus, &node, &ClaimedInstances::default());
+    let plan = plan_for("bench", &profile, &node, PluginKind::Dra)
+        .unwrap_or_else(|p| panic!("{text} does not plan: {p:?}"));
+    resource_slices_with("node", 1, &plan.gpus, &node, &ClaimedInstances::default())
+}
+
+/// The slices of a node of dynamic GPUs, each GPU's devices in `order`.
+fn slices(model: &GpuModel, gpus: u64, order: Order) -> Vec<ResourceSlice> {
+    let mut slices = slices_for(model, gpus, DYNAMIC);
     if order == Order::Catalog {
         // The same devices, each GPU's in catalog order (profile, then placement start).
         let rank: BTreeMap<(String, u32), usize> = placements(model, Order::Catalog)
@@ -76,113 +129,32 @@ fn slices(model: &GpuModel, gpus: u64, order: Order) -> Vec<ResourceSlice> {
     slices
 }
 
-struct Outcome {
-    refused: BTreeMap<String, u64>,
-    refused_with_room: BTreeMap<String, u64>,
-    asked: BTreeMap<String, u64>,
-    mean_use: f64,
+/// Every device of `slices`, in listing order.
+fn devices(slices: &[ResourceSlice]) -> impl Iterator<Item = &Device> {
+    slices.iter().flat_map(|s| s.spec.devices.iter())
 }
 
-fn run(model: &GpuModel, gpus: u64, order: Order, claims: u64) -> Outcome {
-    let slices = slices(model, gpus, order);
-    let mut pool = Pool::new(&slices);
-    let mix = mix(model);
-    let total_weight: u64 = mix.iter().map(|(_, w)| *w as u64).sum();
-    let slots = |name: &str| model.profile(name).unwrap().slots() as u64;
-    let capacity = gpus * model.memory_slots as u64;
-    let mut held: Vec<(String, String)> = Vec::new();
-    let mut used = 0u64;
-    let mut use_sum = 0f64;
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
-    let mut out = Outcome {
-        refused: BTreeMap::new(),
-        refused_with_room: BTreeMap::new(),
-        asked: BTreeMap::new(),
-        mean_use: 0.0,
-    };
-    for _ in 0..claims {
-        // A claim ends now and then, so the node churns near full.
-        while !held.is_empty() && next() % 100 < 45 {
-            let (device, profile) = held.swap_remove((next() % held.len() as u64) as usize);
-            pool.release(&device);
-            used -= slots(&profile);
-        }
-        let mut pick = next() % total_weight;
-        let profile = mix
-            .iter()
-            .find(|(_, w)| {
-                let hit = pick < *w as u64;
-                pick = pick.saturating_sub(*w as u64);
-                hit
-            })
-            .map(|(p, _)| p.clone())
-            .unwrap();
-        *out.asked.entry(profile.clone()).or_default() += 1;
-        match pool.allocate(mig_profile(&profile)) {
-            Some(device) => {
-                used += slots(&profile);
-                held.push((device, profile));
-            }
-            None => {
-                *out.refused.entry(profile.clone()).or_default() += 1;
-                if capacity - used >= slots(&profile) {
-                    *out.refused_with_room.entry(profile).or_default() += 1;
-                }
-            }
-        }
-        use_sum += used as f64 / capacity as f64;
-    }
-    out.mean_use = use_sum / claims as f64;
-    out
+/// Nearest-rank percentile of sorted `values`.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 fn main() {
+    let parts =
+        std::env::var("GPU_SHARE_BENCH_PARTS").unwrap_or_else(|_| "order,static,prepare".into());
     let claims = env("GPU_SHARE_BENCH_CLAIMS", 200_000);
     let gpus = env("GPU_SHARE_BENCH_GPUS", 8);
-    println!("# dynamic MIG packing: {claims} claims, {gpus} GPUs, first fit\n");
-    for key in ["h100-80gb-sxm", "a30-24gb", "rtx-pro-6000-blackwell"] {
-        let model = catalog().model(key).unwrap();
-        let started = Instant::now();
-        let ours = run(model, gpus, Order::FirstFit, claims);
-        let theirs = run(model, gpus, Order::Catalog, claims);
-        println!(
-            "## {} ({:.1} s)\n",
-            model.nvml_name,
-            started.elapsed().as_secs_f64()
-        );
-        println!("| profile | asked | refused, first-fit order | refused, catalog order | of which with room: first-fit / catalog |");
-        println!("|---|---|---|---|---|");
-        for (profile, asked) in &ours.asked {
-            let get = |m: &BTreeMap<String, u64>| m.get(profile).copied().unwrap_or(0);
-            println!(
-                "| {profile} | {asked} | {} | {} | {} / {} |",
-                get(&ours.refused),
-                get(&theirs.refused),
-                get(&ours.refused_with_room),
-                get(&theirs.refused_with_room)
-            );
-        }
-        let sum = |m: &BTreeMap<String, u64>| m.values().sum::<u64>();
-        println!(
-            "| **all** | {} | {} | {} | {} / {} |",
-            sum(&ours.asked),
-            sum(&ours.refused),
-            sum(&theirs.refused),
-            sum(&ours.refused_with_room),
-            sum(&theirs.refused_with_room)
-        );
-        println!(
-            "\nmean memory slices in use: {:.1} % first-fit order, {:.1} % catalog order; refused with room: catalog / first-fit = {:.2}\n",
-            ours.mean_use * 100.0,
-            theirs.mean_use * 100.0,
-            sum(&theirs.refused_with_room) as f64 / sum(&ours.refused_with_room).max(1) as f64
-        );
+    // The prepare part first: it points this process's fake NVML at its own state before any
+    // thread starts (the library reads FAKE_NVML_STATE from the environment).
+    if parts.contains("prepare") {
+        prepare::report(env("GPU_SHARE_BENCH_PREPARES", 400) as usize);
+    }
+    if parts.contains("order") {
+        order::report(claims, gpus);
+    }
+    if parts.contains("static") {
+        versus_static::report(claims, gpus);
     }
     // What a publish costs: the slices of a node of 8 dynamic H200s.
     let model = catalog().model("h200-141gb").unwrap();
