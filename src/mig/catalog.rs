@@ -599,4 +599,23 @@ mod tests {
             }
         }
     }
+
+    /// The compute instance made with a GPU instance (statically or at a dynamic Prepare) is
+    /// the whole GI: its default CI profile spans every compute slice. NVIDIA's DRA driver
+    /// made a 7g.80gb on an A100 with a smaller CI (dra-driver-nvidia-gpu #1480), leaving
+    /// multiprocessors of the claim unusable.
+    #[test]
+    fn every_default_compute_instance_spans_its_gpu_instance() {
+        let c = catalog();
+        for m in &c.models {
+            for p in &m.gpu_instance_profiles {
+                let default = c.ci_profiles(p).iter().find(|ci| ci.default).unwrap();
+                assert_eq!(
+                    default.slice_count, p.slice_count,
+                    "{} {}: default CI profile {} takes {} of {} compute slices",
+                    m.key, p.name, default.ci_profile_index, default.slice_count, p.slice_count
+                );
+            }
+        }
+    }
 }

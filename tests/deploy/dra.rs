@@ -95,10 +95,14 @@ fn class_of(sharing: &str) -> &'static str {
         .1
 }
 
-/// The class a device of a GPU planned as `mode` belongs in (`plan -o json`'s `mode`).
-fn expected_class(mode: &Value) -> &'static str {
+/// The class `device` of a GPU planned as `mode` belongs in (`plan -o json`'s `mode`): a
+/// dynamic-MIG GPU publishes MIG devices and itself whole.
+fn expected_class(mode: &Value, device: &Value) -> &'static str {
     let shared = mode["replicas"].as_u64().unwrap_or(1) > 1;
+    let is_mig = device["attributes"].get("migProfile").is_some();
     class_of(match mode["type"].as_str().unwrap() {
+        "dynamicMig" if is_mig => "mig",
+        "dynamicMig" => "exclusive",
         "mig" if shared && mode["mps"].is_object() => "mps",
         "mig" if shared => "timeSlicing",
         other => other,
@@ -176,7 +180,7 @@ fn published(profile: &str, gpus: &str) -> (Vec<Value>, Vec<Published>) {
             devices.push(Published {
                 name: d["name"].as_str().unwrap().to_string(),
                 cel: device_cel(driver, d),
-                expected_class: expected_class(&modes[&parent]),
+                expected_class: expected_class(&modes[&parent], d),
             });
         }
     }
@@ -240,11 +244,13 @@ fn class_selectors(objects: &[Value]) -> BTreeMap<String, Vec<(String, Program)>
     .collect()
 }
 
-/// Profiles with every way of sharing between them, on the nodes they are written for.
-const MIXED: [(&str, &str); 3] = [
+/// Profiles with every way of sharing between them, dynamic MIG included, on the nodes they
+/// are written for.
+const MIXED: [(&str, &str); 4] = [
     ("profiles/builtin/h100-mixed-sharing.yaml", "h100x8"),
     ("profiles/builtin/h100-mps-in-mig.yaml", "h100x8"),
     ("profiles/h200-mig-timeslice.yaml", "h200x8"),
+    ("profiles/dra/h200-dynamic-mig.yaml", "h200x8"),
 ];
 
 #[test]
@@ -303,12 +309,13 @@ fn claim_templates() -> Vec<Value> {
 /// Each example claim's selectors, within its class, choose the devices its comment promises on
 /// profiles/builtin/h100-mixed-sharing.yaml (GPUs 0-1: 7 × 1g.10gb each, 2-3: 4 time-sliced
 /// shares each, 4-5: 8 MPS shares at 25 % each, 6-7: whole) and h100-mps-in-mig.yaml (MPS shares
-/// of 3g.40gb devices at 50 %), and the example pod uses one of them.
+/// of 3g.40gb devices at 50 %) and profiles/dra/h200-dynamic-mig.yaml on 8 H200s (GPUs 0-5
+/// dynamic, 6-7 time-sliced), and the example pod uses one of them.
 #[test]
 fn the_example_claims_select_the_devices_they_describe() {
     let objects = render(&deploy().join("overlays/dra")).objects;
     let classes = class_selectors(&objects);
-    let count = |template: &str, profile: &str| -> usize {
+    let count_on = |template: &str, profile: &str, gpus: &str| -> usize {
         let t = claim_templates()
             .into_iter()
             .find(|t| t["metadata"]["name"] == template)
@@ -327,9 +334,10 @@ fn the_example_claims_select_the_devices_they_describe() {
             let source = s["cel"]["expression"].as_str().unwrap();
             programs.push((source.to_string(), selector(source, template)));
         }
-        let (_, devices) = published(profile, "h100x8");
+        let (_, devices) = published(profile, gpus);
         devices.iter().filter(|d| selects(&programs, d)).count()
     };
+    let count = |template: &str, profile: &str| count_on(template, profile, "h100x8");
     let mixed = MIXED[0].0;
     let mps_in_mig = MIXED[1].0;
     assert_eq!(count("whole-gpu", mixed), 2);
@@ -345,6 +353,27 @@ fn the_example_claims_select_the_devices_they_describe() {
         count("mps-quarter", mps_in_mig),
         64,
         "8 GPUs × 2 × 3g.40gb × 4 shares"
+    );
+    let dynamic = MIXED[3].0;
+    assert_eq!(
+        count_on("dynamic-mig-3g", dynamic, "h200x8"),
+        12,
+        "6 dynamic H200s × the two 3g.71gb placements (0 and 4)"
+    );
+    assert_eq!(
+        count("dynamic-mig-3g", mixed),
+        0,
+        "static MIG devices are not dynamic"
+    );
+    assert_eq!(
+        count_on("whole-gpu", dynamic, "h200x8"),
+        6,
+        "a dynamic GPU is also published whole; the time-sliced ones are not"
+    );
+    assert_eq!(
+        count_on("mig-1g-10gb", dynamic, "h200x8"),
+        0,
+        "no 1g.10gb on an H200"
     );
 
     // The pod's claim comes from an example template, and its container uses it.
