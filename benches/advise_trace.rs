@@ -13,6 +13,10 @@
 //! Modules: [`trace`] the seeded tenants, [`fleet`] the one placement model every policy is
 //! served by, [`policy`] the three policies, [`run`] the round loop and its counts.
 
+// Only its knobs: this harness prints no percentiles.
+#[allow(dead_code)]
+#[path = "figures.rs"]
+mod figures;
 #[path = "advise_trace/fleet.rs"]
 mod fleet;
 #[path = "advise_trace/policy.rs"]
@@ -24,16 +28,10 @@ mod trace;
 
 use std::time::Duration;
 
+use figures::knob;
 use policy::Policy;
 use run::{lower_bound_slices, Outcome};
 use trace::{generate, TraceSpec};
-
-fn knob<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` runs this too: keep that short.

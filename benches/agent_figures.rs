@@ -27,6 +27,9 @@ use std::time::{Duration, Instant, SystemTime};
 use kube_double::KubeDouble;
 use node_sim::*;
 
+#[path = "figures.rs"]
+mod figures;
+use figures::{knob, percentile};
 #[path = "agent_figures/memory.rs"]
 mod memory;
 #[path = "agent_figures/stages.rs"]
@@ -44,19 +47,6 @@ const TS: [&str; 2] = ["ts-4", "ts-8"];
 
 fn ts_texts() -> [String; 2] {
     [time_slicing(4), time_slicing(8)]
-}
-
-fn env_count(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Nearest-rank percentile of sorted samples.
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 fn ms(d: Duration) -> String {
@@ -106,8 +96,8 @@ fn change(
 }
 
 fn latency() {
-    let changes = env_count("GPU_SHARE_BENCH_CHANGES", 100);
-    let mig_changes = env_count("GPU_SHARE_BENCH_MIG_CHANGES", 10);
+    let changes = knob("GPU_SHARE_BENCH_CHANGES", 100usize);
+    let mig_changes = knob("GPU_SHARE_BENCH_MIG_CHANGES", 10usize);
     let api = Arc::new(KubeDouble::start());
     let texts = ts_texts();
     profiles_configmap(

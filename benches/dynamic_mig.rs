@@ -16,6 +16,8 @@
 //! (200000), `GPU_SHARE_BENCH_GPUS` (8), `GPU_SHARE_BENCH_PREPARES` (400),
 //! `GPU_SHARE_BENCH_PARTS` (`order,static,prepare`).
 
+#[path = "figures.rs"]
+mod figures;
 #[path = "dynamic_mig/order.rs"]
 mod order;
 #[path = "dynamic_mig/prepare.rs"]
@@ -25,6 +27,8 @@ mod versus_static;
 
 use std::collections::BTreeMap;
 use std::time::Instant;
+
+use figures::knob;
 
 use gpu_share::dra::api::{Device, ResourceSlice};
 use gpu_share::dra::dynamic::{placements, ClaimedInstances, Order};
@@ -52,13 +56,6 @@ fn mix(model: &GpuModel) -> Vec<(String, u32)> {
         .filter(|p| !p.name.contains("+me"))
         .map(|p| (p.name.clone(), weight(p.slice_count)))
         .collect()
-}
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 /// A seeded xorshift64: the same stream on every run and for every policy compared.
@@ -134,21 +131,15 @@ fn devices(slices: &[ResourceSlice]) -> impl Iterator<Item = &Device> {
     slices.iter().flat_map(|s| s.spec.devices.iter())
 }
 
-/// Nearest-rank percentile of sorted `values`.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
 fn main() {
     let parts =
         std::env::var("GPU_SHARE_BENCH_PARTS").unwrap_or_else(|_| "order,static,prepare".into());
-    let claims = env("GPU_SHARE_BENCH_CLAIMS", 200_000);
-    let gpus = env("GPU_SHARE_BENCH_GPUS", 8);
+    let claims = knob("GPU_SHARE_BENCH_CLAIMS", 200_000u64);
+    let gpus = knob("GPU_SHARE_BENCH_GPUS", 8u64);
     // The prepare part first: it points this process's fake NVML at its own state before any
     // thread starts (the library reads FAKE_NVML_STATE from the environment).
     if parts.contains("prepare") {
-        prepare::report(env("GPU_SHARE_BENCH_PREPARES", 400) as usize);
+        prepare::report(knob("GPU_SHARE_BENCH_PREPARES", 400));
     }
     if parts.contains("order") {
         order::report(claims, gpus);

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use kube_double::KubeDouble;
 use node_sim::*;
 
-use super::{change, env_count, ts_texts, TS};
+use super::{change, knob, ts_texts, TS};
 
 #[path = "memory_cache.rs"]
 mod memory_cache;
@@ -17,7 +17,7 @@ mod memory_cache;
 mod memory_map;
 
 pub fn memory() {
-    let reconciles = env_count("GPU_SHARE_BENCH_RECONCILES", 1000);
+    let reconciles = knob("GPU_SHARE_BENCH_RECONCILES", 1000usize);
     println!("\n## agent memory (8 simulated H100s, time-slicing profiles)\n");
     idle_by_setup();
     println!("\nthe agent as shipped (current-thread runtime), binary warm in the page cache:\n");

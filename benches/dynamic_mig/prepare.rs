@@ -23,7 +23,8 @@ use gpu_share::mig::catalog;
 use node_sim::{gpus, DraNode};
 use nvidia_ml::{cdylib_path, State};
 
-use crate::{devices, mix, percentile, slices, Rng, DYNAMIC};
+use crate::figures::percentile;
+use crate::{devices, mix, slices, Rng, DYNAMIC};
 
 const GPUS: u64 = 8;
 /// Claims held at once: each prepare past this many unprepares the oldest first.
