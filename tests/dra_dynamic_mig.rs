@@ -449,3 +449,93 @@ fn leaving_dynamic_mig_hands_the_claims_instances_to_the_profile() {
         );
     });
 }
+
+/// Every version of a ResourceSlice the API stores from now on, as a watch delivers them.
+fn record_slices(
+    api: &kube_double::KubeDouble,
+) -> std::sync::Arc<std::sync::Mutex<Vec<gpu_share::dra::api::ResourceSlice>>> {
+    use futures::StreamExt;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let slices: kube::Api<gpu_share::dra::api::ResourceSlice> = kube::Api::all(api.client());
+    let sink = seen.clone();
+    tokio::spawn(async move {
+        let config = kube::runtime::watcher::Config::default();
+        let mut events = kube::runtime::watcher(slices, config).boxed();
+        while let Some(Ok(event)) = events.next().await {
+            if let kube::runtime::watcher::Event::Apply(s)
+            | kube::runtime::watcher::Event::InitApply(s) = event
+            {
+                sink.lock().unwrap().push(s);
+            }
+        }
+    });
+    seen
+}
+
+/// An API server with `DRAPartitionableDevices` off (the 1.34 and 1.35 default) stores slices
+/// without their counters (the API double drops them as strategy.go does), which would make a
+/// dynamic GPU's placements independent devices the scheduler could allocate overlapping. The
+/// agent finds the loss at the first counter slice it writes, before any placement is stored,
+/// publishes the dynamic GPUs whole only and says why in a `CountersDropped` Warning; a claim
+/// for a placement is refused, a whole dynamic GPU is prepared.
+#[test]
+fn a_server_that_drops_counters_is_never_offered_a_dynamic_placement() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut gpus = gpus("h200", 2, false);
+        gpus.push(Gpu::non_mig("NVIDIA L4", 23034));
+        let profiles = [("dyn", DYNAMIC.to_string())];
+        let node = DraNode::start("dyn-gate-off", gpus, &[], &profiles, &[]).await;
+        node.api.set_partitionable_devices(false);
+        let seen = record_slices(&node.api);
+        node.api
+            .set_node_label(&node.name, PROFILE_LABEL, Some("dyn"));
+
+        let whole: std::collections::BTreeSet<String> =
+            ["gpu-0", "gpu-1", "gpu-2"].map(String::from).into();
+        let dropped = |api: &kube_double::KubeDouble| {
+            api.events()
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("CountersDropped"))
+        };
+        let published = node.api.wait_until(WAIT, |api| {
+            node.device_names() == whole && dropped(api).is_some()
+        });
+        assert!(published, "{:?}\n{}", node.device_names(), node.node.log());
+        let event = dropped(&node.api).unwrap();
+        assert_eq!(event.type_.as_deref(), Some("Warning"));
+        let note = event.note.unwrap_or_default();
+        assert!(note.contains("DRAPartitionableDevices off"), "{note}");
+        assert!(
+            note.contains("dynamic-MIG GPU(s) 0, 1 of profile dyn are offered whole only"),
+            "{note}"
+        );
+        assert!(node
+            .slices()
+            .iter()
+            .all(|s| s["spec"].get("sharedCounters").is_none()));
+
+        // Nothing the API ever stored held a placement: the counter slice went first.
+        let placements: Vec<String> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|s| &s.spec.devices)
+            .filter(|d| d.name.contains("-mig-"))
+            .map(|d| d.name.clone())
+            .collect();
+        assert!(placements.is_empty(), "stored: {placements:?}");
+
+        let placement = node.allocate("placement", "gpu-0-mig-0-1g-18gb").await;
+        let refused = node.prepare("placement", &placement).await;
+        assert!(
+            refused.error.contains("is not among the devices"),
+            "{}",
+            refused.error
+        );
+        assert!(node.node.nvml().gpus[0].gpu_instances.is_empty());
+        let gpu = node.allocate("whole", "gpu-1").await;
+        let answer = node.prepare("whole", &gpu).await;
+        assert!(answer.error.is_empty(), "{}", answer.error);
+    });
+}

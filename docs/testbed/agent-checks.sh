@@ -22,7 +22,11 @@
 # placements for pods asking for 1g.10gb and 3g.40gb, the agent makes the instances at Prepare
 # and destroys them when the pods are deleted. 8. Leaving dynamic MIG while a pod holds an
 # instance the new fixed geometry keeps: the pod is not evicted, the instance stays through the
-# pod's deletion (the profile owns it now).
+# pod's deletion (the profile owns it now). 9. (only with the test bed started as
+# `DRA_PD=false ./start.sh`: DRAPartitionableDevices off, the 1.34/1.35 default) a `dynamicMig`
+# profile: the server drops the counters, the agent publishes the dynamic GPUs whole only
+# (Event CountersDropped), a 1g.10gb pod stays Pending, a whole-GPU pod runs; a static MIG
+# profile then serves the 1g.10gb pod.
 # Results of the session that wrote it: its closing note (issues stops).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -41,6 +45,8 @@ for d in nvidiactl nvidia0 nvidia-uvm; do : > "$W/host/dev/$d"; done
 
 # ONLY="5 6" runs those checks alone (all by default).
 want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
+# The apiserver's DRAPartitionableDevices gate as start.sh set it (DRA_PD), "" = the default.
+gate_pd() { tr '\0' '\n' < "/proc/$(cat "$TESTBED_DIR/run/kube-apiserver.pid")/cmdline" | grep -o 'DRAPartitionableDevices=[a-z]*' | cut -d= -f2; }
 state() { $K get node "$NODE" -o jsonpath='{.metadata.labels.gpu-share\.dev/profile\.state}'; }
 reason() { $K get node "$NODE" -o jsonpath='{.metadata.annotations.gpu-share\.dev/profile\.reason}'; }
 wait_state() { for _ in $(seq 1 "$2"); do [ "$(state)" = "$1" ] && return 0; sleep 1; done; return 1; }
@@ -328,4 +334,52 @@ echo "after deleting the pod, NVML: $(nvml_instances)"
 grep -E "profile's now|destroyed the claim" "$W/agent-19608.log" | cut -c1-220
 $K label node "$NODE" gpu-share.dev/profile- >/dev/null
 stop_agent
+fi
+
+if want 9 && [ "$(gate_pd)" = false ]; then
+echo "== 9. dynamic MIG on an API server that drops counters (DRAPartitionableDevices=false)"
+$K apply -f "$ROOT/deploy/overlays/dra/device-classes.yaml" >/dev/null
+$K apply -n default -f "$ROOT/deploy/examples/dra/resource-claim-templates.yaml" >/dev/null
+$K -n gpu-share create configmap gpu-share-profiles \
+  --from-literal=dyn="$(printf 'version: v1\nrules:\n- devices: all\n  dynamicMig: true\n')" \
+  --from-literal=static="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {1g.10gb: 7}\n- devices: [1]\n  exclusive: true\n')" \
+  --dry-run=client -o yaml | $K apply -f - >/dev/null
+agent 19609 --plugin dra --cdi-root "$W/cdi" --dra-plugin-dir "$W/dra" \
+  --pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock
+$K label node "$NODE" gpu-share.dev/profile=dyn --overwrite >/dev/null
+wait_state success 60; echo "state $(state): $(reason)"
+sleep 2
+slices_summary() {
+  $K get resourceslices -o json | python3 -c '
+import json, sys
+items = json.load(sys.stdin)["items"]
+devices = [d["name"] for s in items for d in s["spec"].get("devices", [])]
+sets = [c for s in items for c in s["spec"].get("sharedCounters", [])]
+gens = sorted({s["spec"]["pool"]["generation"] for s in items})
+print(f"{len(items)} slices at generation(s) {gens}, devices {devices}, {len(sets)} counter sets")'
+}
+slices_summary
+$K get events.events.k8s.io -A --field-selector reason=CountersDropped -o jsonpath='{range .items[*]}{.type} {.reason}: {.note}{"\n"}{end}'
+grep -E "counters dropped|dropped the ResourceSlices" "$W/agent-19609.log" | cut -c1-200 | head -3
+pod dyn-off-mig mig-1g-10gb
+pod dyn-off-whole whole-gpu
+$K wait --for=condition=Ready pod/dyn-off-whole --timeout=60s >/dev/null
+sleep 3
+for p in dyn-off-mig dyn-off-whole; do
+  claim=$($K get pod $p -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
+  echo "pod $p ($($K get pod $p -o jsonpath='{.status.phase}'); $($K get pod $p -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}' | cut -c1-160)): $($K get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')"
+done
+echo "NVML: $(nvml_instances)"
+$K delete pod dyn-off-whole --wait=true --timeout=60s >/dev/null
+$K label node "$NODE" gpu-share.dev/profile=static --overwrite >/dev/null
+sleep 2; wait_state success 60; echo "static MIG: state $(state): $(reason)"
+slices_summary
+$K wait --for=condition=Ready pod/dyn-off-mig --timeout=60s >/dev/null
+claim=$($K get pod dyn-off-mig -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
+echo "pod dyn-off-mig ($($K get pod dyn-off-mig -o jsonpath='{.status.phase}')): $($K get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')"
+$K delete pod dyn-off-mig --wait=true --timeout=60s >/dev/null
+$K label node "$NODE" gpu-share.dev/profile- >/dev/null
+stop_agent
+elif want 9; then
+echo "== 9. skipped: the test bed runs with DRAPartitionableDevices on (start it with DRA_PD=false)"
 fi

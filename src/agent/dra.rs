@@ -130,20 +130,66 @@ impl Reconciler {
         let slices = dra::resource_slices_with(&self.node_name, 0, &plan.gpus, observed, &claimed);
         match publisher.publish(slices).await {
             Ok(publish::Outcome::Unchanged) => Ok(()),
+            Ok(publish::Outcome::CountersDropped { generation }) => {
+                self.counters_dropped_event(plan);
+                self.slices_published_event(generation);
+                Ok(())
+            }
             Ok(publish::Outcome::Written { generation }) => {
                 self.name_out_of_band(plan, observed, &claimed);
-                self.event_in_background(
-                    EventType::Normal,
-                    "SlicesPublished",
-                    &format!(
-                        "ResourceSlices of pool {} published at generation {generation}",
-                        self.node_name
-                    ),
-                );
+                self.slices_published_event(generation);
                 Ok(())
             }
             Err(e) => Err(publish_failure(&e)),
         }
+    }
+
+    fn slices_published_event(&self, generation: i64) {
+        self.event_in_background(
+            EventType::Normal,
+            "SlicesPublished",
+            &format!(
+                "ResourceSlices of pool {} published at generation {generation}",
+                self.node_name
+            ),
+        );
+    }
+
+    /// The Event for an API server found dropping counters: a Warning naming the dynamic-MIG
+    /// GPUs now offered whole only (what the profile asked for is not served), Normal when
+    /// only static MIG devices lost counters they do not need to stay apart.
+    fn counters_dropped_event(&self, plan: &NodePlan) {
+        let dynamic: Vec<String> = plan
+            .gpus
+            .iter()
+            .filter(|g| g.mode == crate::sharing::PlannedMode::DynamicMig)
+            .map(|g| g.index.to_string())
+            .collect();
+        let cause = "the API server drops ResourceSlice counters (feature gate \
+                     DRAPartitionableDevices off, the default before Kubernetes 1.36)";
+        let (kind, message) = if dynamic.is_empty() {
+            (
+                EventType::Normal,
+                format!(
+                    "{cause}: slices published without them; each MIG device is an instance \
+                     of its own, so none is handed out twice"
+                ),
+            )
+        } else {
+            (
+                EventType::Warning,
+                format!(
+                    "{cause}: dynamic-MIG GPU(s) {} of profile {} are offered whole only, since \
+                     without counters the scheduler could allocate overlapping MIG placements; \
+                     turn the gate on (kube-apiserver and kube-scheduler) \
+                     and restart the agent to offer placements",
+                    dynamic.join(", "),
+                    plan.profile
+                ),
+            )
+        };
+        warn!(%message, "ResourceSlice counters dropped");
+        self.event_in_background(kind, "CountersDropped", &message);
     }
 
     /// Before a re-partition's cordon: republish the pool without the devices the new plan of

@@ -98,7 +98,51 @@ pub fn resource_slices_with(
             )
         })
         .collect();
-    let packed = pack(groups);
+    numbered(node_name, generation, pack(groups))
+}
+
+/// The pool `slices` (as [`resource_slices_with`] makes them) in the form that stays safe on
+/// an API server without `DRAPartitionableDevices` (off by default before Kubernetes 1.36).
+/// That server drops every counter set and `consumesCounters` it is sent, so a dynamic-MIG
+/// GPU's placements and its whole device would stand as independent devices and the scheduler
+/// could allocate overlapping ones. So: no counters, and no dynamic MIG placement (a dynamic
+/// GPU is offered whole only). Every other device stays: a static MIG device is one existing
+/// instance and a share one share, so none overlaps another without counters either.
+pub fn without_counters(slices: &[ResourceSlice]) -> Vec<ResourceSlice> {
+    let Some(first) = slices.first() else {
+        return Vec::new();
+    };
+    let devices = slices
+        .iter()
+        .flat_map(|s| &s.spec.devices)
+        .filter(|d| {
+            !matches!(
+                dynamic::DynamicDevice::of(d),
+                Some(dynamic::DynamicDevice::Mig { .. })
+            )
+        })
+        .map(|d| Device {
+            consumes_counters: Vec::new(),
+            ..d.clone()
+        })
+        .collect();
+    let group = GpuDevices {
+        devices,
+        counters: None,
+    };
+    numbered(
+        &first.spec.node_name,
+        first.spec.pool.generation,
+        pack(vec![group]),
+    )
+}
+
+/// The packed slices as pool `node_name`'s, named `<node>-gpu-share-<k>`.
+fn numbered(
+    node_name: &str,
+    generation: i64,
+    packed: Vec<(Vec<Device>, Vec<CounterSet>)>,
+) -> Vec<ResourceSlice> {
     let total = packed.len() as i64;
     packed
         .into_iter()

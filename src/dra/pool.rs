@@ -170,6 +170,30 @@ pub fn without(current: &[ResourceSlice], gone: &BTreeSet<String>) -> Vec<Resour
         .collect()
 }
 
+/// Whether the API server stored `sent` without the counters it carried: counter sets gone, or
+/// a device that consumed counters stored without them. That is what a server with
+/// `DRAPartitionableDevices` off does (the 1.34 and 1.35 default): it drops those fields and
+/// accepts the write (`dropDisabledDRAPartitionableDevicesFields`,
+/// pkg/registry/resource/resourceslice/strategy.go), so only the stored object tells.
+pub fn counters_dropped(sent: &ResourceSlice, stored: &ResourceSlice) -> bool {
+    let sets_dropped =
+        !sent.spec.shared_counters.is_empty() && stored.spec.shared_counters.is_empty();
+    let consumption_dropped = sent
+        .spec
+        .devices
+        .iter()
+        .filter(|d| !d.consumes_counters.is_empty())
+        .any(|d| {
+            stored
+                .spec
+                .devices
+                .iter()
+                .find(|s| s.name == d.name)
+                .is_none_or(|s| s.consumes_counters.is_empty())
+        });
+    sets_dropped || consumption_dropped
+}
+
 /// The Node as the owner of its slices: they go when the Node object goes (garbage
 /// collection), as the kubelet's DRA helper does for node-local pools.
 pub fn node_owner(node_name: &str, node_uid: &str) -> OwnerReference {

@@ -8,14 +8,23 @@
 //! changed slices are written before old ones are deleted; until the last write, consumers
 //! see slices of two generations and use only the highest, whose pool is incomplete until
 //! every slice of `resourceSliceCount` is there (the API's rule for pools).
+//!
+//! An API server with `DRAPartitionableDevices` off (the 1.34 and 1.35 default) accepts
+//! counters and silently drops them. Slices with counter sets are written first and each write's
+//! answer is checked ([`pool::counters_dropped`]); at the first loss the publisher stops, and
+//! from then on (until the agent restarts) publishes [`super::without_counters`]: no counters,
+//! dynamic-MIG GPUs whole only, so no overlapping placements are ever offered. Written first,
+//! the counter slices leave the aborted generation incomplete: the scheduler allocates nothing
+//! from it before the pool without counters replaces it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, ListParams};
 use kube::Api;
 use tokio::sync::watch;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::api::ResourceSlice;
 use super::pool::{self, PoolUpdate};
@@ -32,6 +41,8 @@ pub struct Publisher {
     owner: OwnerReference,
     /// The highest generation this agent wrote: the next is above it even if a list lagged.
     last_generation: Mutex<i64>,
+    /// The API server was found dropping counters: publish without them.
+    counters_dropped: AtomicBool,
     published: Published,
 }
 
@@ -42,6 +53,20 @@ pub enum Outcome {
     Unchanged,
     /// The pool was rewritten at this generation.
     Written { generation: i64 },
+    /// This publish found the API server dropping counters (`DRAPartitionableDevices` off):
+    /// the pool was rewritten at this generation without them and without dynamic MIG
+    /// placements ([`super::without_counters`]), as every later publish will be.
+    CountersDropped { generation: i64 },
+}
+
+/// What one write of the pool did.
+enum Wrote {
+    Nothing,
+    Pool {
+        generation: i64,
+    },
+    /// Stopped at the first slice the server stored without its counters.
+    CountersDropped,
 }
 
 impl Publisher {
@@ -58,6 +83,7 @@ impl Publisher {
             node_name: node_name.to_string(),
             owner: pool::node_owner(node_name, node_uid),
             last_generation: Mutex::new(0),
+            counters_dropped: AtomicBool::new(false),
             published,
         }
     }
@@ -69,25 +95,69 @@ impl Publisher {
 
     /// Make the API's pool equal to `desired` ([`super::resource_slices`]; its generation is
     /// replaced by the pool's next one when anything changes).
+    /// On a server found dropping counters, `desired` is published without them.
     pub async fn publish(&self, desired: Vec<ResourceSlice>) -> Result<Outcome, kube::Error> {
-        let existing = self.list().await?;
-        let outcome = self.write(&existing, desired.clone()).await?;
-        self.announce(desired, outcome, &existing);
-        Ok(outcome)
+        let mut desired = self.as_the_server_keeps(desired);
+        let mut found_dropping = false;
+        loop {
+            let existing = self.list().await?;
+            let outcome = match self.write(&existing, desired.clone()).await? {
+                Wrote::Nothing => Outcome::Unchanged,
+                Wrote::Pool { generation } if found_dropping => {
+                    Outcome::CountersDropped { generation }
+                }
+                Wrote::Pool { generation } => Outcome::Written { generation },
+                // Once: the pool without counters has none to drop.
+                Wrote::CountersDropped => {
+                    self.found_counters_dropped();
+                    found_dropping = true;
+                    desired = self.as_the_server_keeps(desired);
+                    continue;
+                }
+            };
+            self.announce(desired, outcome, &existing);
+            return Ok(outcome);
+        }
+    }
+
+    /// `slices` as this publisher writes them: without counters once the server was found
+    /// dropping them.
+    fn as_the_server_keeps(&self, slices: Vec<ResourceSlice>) -> Vec<ResourceSlice> {
+        if self.counters_dropped.load(Ordering::Relaxed) {
+            super::without_counters(&slices)
+        } else {
+            slices
+        }
+    }
+
+    fn found_counters_dropped(&self) {
+        self.counters_dropped.store(true, Ordering::Relaxed);
+        warn!(
+            "the API server dropped the ResourceSlices' counters (feature gate \
+             DRAPartitionableDevices off): publishing without them, dynamic-MIG GPUs whole only"
+        );
     }
 
     /// Before a re-partition: republish the pool without the devices `next` (the slices the
     /// new plan publishes) does not hold alike, so the scheduler stops allocating them before
     /// the drain; the devices that stay are published throughout. Returns the withdrawn names.
     pub async fn withdraw(&self, next: &[ResourceSlice]) -> Result<Vec<String>, kube::Error> {
+        let next = self.as_the_server_keeps(next.to_vec());
         let existing = self.list().await?;
-        let gone = pool::withdrawn(&existing, next);
+        let gone = pool::withdrawn(&existing, &next);
         if gone.is_empty() {
             return Ok(Vec::new());
         }
         let remaining = pool::without(&existing, &gone);
-        let outcome = self.write(&existing, remaining.clone()).await?;
-        self.announce(remaining, outcome, &existing);
+        match self.write(&existing, remaining.clone()).await? {
+            Wrote::Nothing => self.announce(remaining, Outcome::Unchanged, &existing),
+            Wrote::Pool { generation } => {
+                self.announce(remaining, Outcome::Written { generation }, &existing)
+            }
+            // The aborted generation is incomplete, so nothing of the pool is allocatable
+            // until the publish after the apply writes it without counters.
+            Wrote::CountersDropped => self.found_counters_dropped(),
+        }
         Ok(gone.into_iter().collect())
     }
 
@@ -100,7 +170,7 @@ impl Publisher {
         existing: &[ResourceSlice],
     ) {
         let generation = match outcome {
-            Outcome::Written { generation } => generation,
+            Outcome::Written { generation } | Outcome::CountersDropped { generation } => generation,
             Outcome::Unchanged => existing.first().map_or(0, |s| s.spec.pool.generation),
         };
         for slice in &mut slices {
@@ -129,13 +199,17 @@ impl Publisher {
         &self,
         existing: &[ResourceSlice],
         desired: Vec<ResourceSlice>,
-    ) -> Result<Outcome, kube::Error> {
+    ) -> Result<Wrote, kube::Error> {
         let floor = *self.last_generation.lock().expect("not poisoned");
         let Some(update) = pool::pool_update(existing, desired, &self.owner, floor) else {
-            return Ok(Outcome::Unchanged);
+            return Ok(Wrote::Nothing);
         };
-        self.carry_out(&update).await?;
+        let complete = self.carry_out(&update).await;
+        // Even a write cut short used this generation: the next one goes above it.
         *self.last_generation.lock().expect("not poisoned") = update.generation;
+        if !complete? {
+            return Ok(Wrote::CountersDropped);
+        }
         info!(
             generation = update.generation,
             created = update.create.len(),
@@ -143,21 +217,31 @@ impl Publisher {
             deleted = update.delete.len(),
             "ResourceSlices published"
         );
-        Ok(Outcome::Written {
+        Ok(Wrote::Pool {
             generation: update.generation,
         })
     }
 
-    /// Creates and replaces first, deletes last (see the module doc); a slice already gone is
-    /// not an error.
-    async fn carry_out(&self, update: &PoolUpdate) -> Result<(), kube::Error> {
+    /// Creates and replaces first, slices with counter sets before the others, deletes last
+    /// (see the module doc); a slice already gone is not an error. False when the server
+    /// stored a slice without its counters: the rest is not written.
+    async fn carry_out(&self, update: &PoolUpdate) -> Result<bool, kube::Error> {
         let post = crate::field_manager::post(crate::field_manager::AGENT);
-        for slice in &update.create {
-            self.api.create(&post, slice).await?;
-        }
-        for slice in &update.replace {
-            let name = slice.metadata.name.as_deref().unwrap_or_default();
-            self.api.replace(name, &post, slice).await?;
+        for counter_slices in [true, false] {
+            let ours = |s: &&ResourceSlice| s.spec.shared_counters.is_empty() != counter_slices;
+            for slice in update.create.iter().filter(ours) {
+                let stored = self.api.create(&post, slice).await?;
+                if pool::counters_dropped(slice, &stored) {
+                    return Ok(false);
+                }
+            }
+            for slice in update.replace.iter().filter(ours) {
+                let name = slice.metadata.name.as_deref().unwrap_or_default();
+                let stored = self.api.replace(name, &post, slice).await?;
+                if pool::counters_dropped(slice, &stored) {
+                    return Ok(false);
+                }
+            }
         }
         for name in &update.delete {
             match self.api.delete(name, &DeleteParams::default()).await {
@@ -166,6 +250,6 @@ impl Publisher {
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        Ok(true)
     }
 }

@@ -386,3 +386,61 @@ fn validate_for_dra_keeps_the_mps_daemon_rule_and_drops_the_resource_name_warnin
         .iter()
         .any(|p| p.to_string().contains("one resource name")));
 }
+
+/// For an API server that drops counters (`DRAPartitionableDevices` off): every example's
+/// pool keeps all its devices but the dynamic MIG placements, with no counter anywhere, in
+/// slices numbered and counted afresh; a dynamic GPU stays offered whole.
+#[test]
+fn without_counters_keeps_every_device_but_dynamic_placements_and_no_counter() {
+    for (file, gpus) in CASES {
+        let (_, slices) = example(file, gpus);
+        let kept = without_counters(&slices);
+        let context = format!("{file} on {gpus}");
+        let expected: Vec<&str> = devices(&slices)
+            .filter(|d| {
+                !matches!(
+                    dynamic::DynamicDevice::of(d),
+                    Some(dynamic::DynamicDevice::Mig { .. })
+                )
+            })
+            .map(|d| d.name.as_str())
+            .collect();
+        let names: Vec<&str> = devices(&kept).map(|d| d.name.as_str()).collect();
+        assert_eq!(names, expected, "{context}");
+        assert!(
+            kept.iter().all(|s| s.spec.shared_counters.is_empty()),
+            "{context}"
+        );
+        assert!(
+            devices(&kept).all(|d| d.consumes_counters.is_empty()),
+            "{context}"
+        );
+        for (k, slice) in kept.iter().enumerate() {
+            assert_eq!(
+                slice.metadata.name.as_deref(),
+                Some(format!("node-a-gpu-share-{k}").as_str())
+            );
+            assert_eq!(slice.spec.pool.resource_slice_count, kept.len() as i64);
+            assert_eq!(slice.spec.pool.generation, 7);
+            assert!(
+                slice.spec.devices.len() <= MAX_DEVICES_PER_SLICE,
+                "{context}"
+            );
+            assert!(!slice.spec.devices.is_empty(), "{context}: no empty slice");
+        }
+    }
+    let (_, slices) = example("profiles/dra/h200-dynamic-mig.yaml", "h200x8");
+    let whole: Vec<String> = devices(&without_counters(&slices))
+        .filter(|d| {
+            matches!(
+                dynamic::DynamicDevice::of(d),
+                Some(dynamic::DynamicDevice::WholeGpu { .. })
+            )
+        })
+        .map(|d| d.name.clone())
+        .collect();
+    assert!(
+        whole.len() >= 6,
+        "the dynamic GPUs are offered whole: {whole:?}"
+    );
+}

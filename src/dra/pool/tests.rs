@@ -208,3 +208,52 @@ fn a_repartition_withdraws_exactly_the_devices_that_go_or_change() {
     assert!(withdrawn(&changed, &current).contains(&name));
     assert!(withdrawn(&current, &current).is_empty());
 }
+
+/// What a server with `DRAPartitionableDevices` off stores (strategy.go,
+/// `dropDisabledDRAPartitionableDevicesFields`): counter sets and `consumesCounters` gone.
+/// Only that counts as dropped; canonical quantities and slices without counters do not.
+#[test]
+fn counters_are_found_dropped_only_when_the_stored_slice_lost_them() {
+    let slices = slices_for("h100-inference", "h100x8");
+    let sets = slices
+        .iter()
+        .find(|s| !s.spec.shared_counters.is_empty())
+        .expect("a counter slice");
+    let consuming = slices
+        .iter()
+        .find(|s| {
+            s.spec
+                .devices
+                .iter()
+                .any(|d| !d.consumes_counters.is_empty())
+        })
+        .expect("a slice of MIG devices");
+    assert!(!counters_dropped(sets, sets));
+    assert!(!counters_dropped(consuming, consuming));
+
+    let mut stored = sets.clone();
+    stored.spec.shared_counters.clear();
+    assert!(counters_dropped(sets, &stored), "counter sets dropped");
+
+    let mut stored = consuming.clone();
+    for device in &mut stored.spec.devices {
+        device.consumes_counters.clear();
+    }
+    assert!(counters_dropped(consuming, &stored), "consumption dropped");
+
+    let mut canonical = consuming.clone();
+    for device in &mut canonical.spec.devices {
+        for capacity in device.capacity.values_mut() {
+            capacity.value = mebibytes(0);
+        }
+    }
+    assert!(
+        !counters_dropped(consuming, &canonical),
+        "other fields are no loss"
+    );
+
+    let plain = slices_for(TIME_SLICED_48, "h100x8");
+    let mut stored = plain[0].clone();
+    stored.spec.devices.clear();
+    assert!(!counters_dropped(&plain[0], &stored), "nothing to drop");
+}

@@ -18,6 +18,7 @@
 
 #![forbid(unsafe_code)]
 
+mod feature_gates;
 mod kinds;
 mod patch;
 mod selectors;
@@ -553,6 +554,13 @@ impl KubeDouble {
             };
             st.recompute_pdbs(namespace);
         });
+    }
+
+    /// Turns the API server's `DRAPartitionableDevices` feature gate on (the default, as in
+    /// Kubernetes 1.36) or off (the 1.34 and 1.35 default): while off, ResourceSlice writes
+    /// lose their counters as a real server drops them (`feature_gates`).
+    pub fn set_partitionable_devices(&self, enabled: bool) {
+        self.with(|st| st.partitionable_devices = enabled);
     }
 
     /// Stops (true) or resumes the simulated disruption controller. While stopped, PDB status is

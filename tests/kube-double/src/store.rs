@@ -115,6 +115,8 @@ pub(crate) struct State {
     pub pending_timers: Vec<(Key, String, Duration)>,
     pub pdb_expected: HashMap<(String, String), i32>,
     pub disruption_paused: bool,
+    /// The `DRAPartitionableDevices` feature gate (see `crate::feature_gates`).
+    pub partitionable_devices: bool,
     pub bookmark_interval: Duration,
     uid_seed: u64,
 }
@@ -240,6 +242,7 @@ impl State {
             pending_timers: Vec::new(),
             pdb_expected: HashMap::new(),
             disruption_paused: false,
+            partitionable_devices: true,
             bookmark_interval: Duration::from_secs(1),
             uid_seed: seed,
         }
@@ -769,7 +772,7 @@ impl State {
                 m.remove("status");
             }
         }
-        validate(kind_id, &obj)?;
+        self.admit(kind_id, &mut obj, None)?;
         let stored = self.commit(&key, Some(obj));
         self.after_change(kind_id, &key.1.clone());
         Ok(stored)
@@ -879,8 +882,8 @@ impl State {
         } else if rv != meta_str(&old, "resourceVersion") {
             return Err(ApiError::stale(kind, name));
         }
-        let new = Self::prepare_update(kind, &old, obj, sub);
-        validate(kind_id, &new)?;
+        let mut new = Self::prepare_update(kind, &old, obj, sub);
+        self.admit(kind_id, &mut new, Some(&old))?;
         Ok((200, self.commit_update(&key, &old, new)))
     }
 
@@ -955,9 +958,18 @@ impl State {
             ));
         }
         let work = Self::check_body(kind, work)?;
-        let new = Self::prepare_update(kind, &old, work, sub);
-        validate(kind_id, &new)?;
+        let mut new = Self::prepare_update(kind, &old, work, sub);
+        self.admit(kind_id, &mut new, Some(&old))?;
         Ok((200, self.commit_update(&key, &old, new)))
+    }
+
+    /// What the API server does to a write before storing it: drops the fields whose feature
+    /// gate is off (`crate::feature_gates`), then validates what is left.
+    fn admit(&self, kind: KindId, obj: &mut Value, old: Option<&Value>) -> Result<(), ApiError> {
+        if kind == RESOURCE_SLICES && !self.partitionable_devices {
+            crate::feature_gates::drop_partitionable_devices_fields(obj, old);
+        }
+        validate(kind, obj)
     }
 
     fn check_preconditions(kind: &KindInfo, obj: &Value, opts: &Value) -> Result<(), ApiError> {

@@ -1226,3 +1226,80 @@ async fn dra_resource_slices_the_apiserver_refuses_are_refused() {
         slices.create(&pp, &slice(name, spec)).await.unwrap();
     }
 }
+
+/// With `DRAPartitionableDevices` off (the 1.34 and 1.35 default) the API server accepts a
+/// slice with counters and stores it without them: `dropDisabledDRAPartitionableDevicesFields`
+/// in pkg/registry/resource/resourceslice/strategy.go (Kubernetes 1.36) clears
+/// `sharedCounters` and each device's `consumesCounters` before validation, unless the stored
+/// slice already uses them. The write succeeds; only reading it back shows the loss.
+#[tokio::test]
+async fn dra_resource_slices_lose_counters_when_partitionable_devices_is_off() {
+    use kube::api::{DynamicObject, GroupVersionKind};
+    use kube::discovery::pinned_kind;
+
+    let double = KubeDouble::start();
+    let client = double.client();
+    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
+    let (resource, _) = pinned_kind(&client, &gvk).await.unwrap();
+    let slices: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let slice = |name: &str, spec: serde_json::Value| -> DynamicObject {
+        let mut full = json!({"driver": "gpu.gpu-share.dev", "nodeName": "gpu-1",
+            "pool": {"name": "gpu-1", "generation": 1, "resourceSliceCount": 2}});
+        full.as_object_mut()
+            .unwrap()
+            .extend(spec.as_object().unwrap().clone());
+        serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice", "metadata": {"name": name}, "spec": full}))
+        .unwrap()
+    };
+    let counters = json!({"sharedCounters": [{"name": "gpu-0",
+        "counters": {"memory-slice-0": {"value": "1"}}}]});
+    let consuming = json!({"devices": [{"name": "gpu-0-mig-0-1g-10gb", "consumesCounters": [
+        {"counterSet": "gpu-0", "counters": {"memory-slice-0": {"value": "1"}}}]}]});
+    let pp = PostParams::default();
+    let spec_of = |o: &DynamicObject| o.data["spec"].clone();
+
+    // Gate on (1.36's default): stored as written.
+    let kept = slices
+        .create(&pp, &slice("on", counters.clone()))
+        .await
+        .unwrap();
+    assert!(spec_of(&kept).get("sharedCounters").is_some());
+
+    double.set_partitionable_devices(false);
+    let stored = slices
+        .create(&pp, &slice("sets", counters.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        spec_of(&stored).get("sharedCounters"),
+        None,
+        "counter sets dropped"
+    );
+    assert_eq!(
+        spec_of(&stored).get("devices"),
+        None,
+        "stored empty, and accepted"
+    );
+    let stored = slices
+        .create(&pp, &slice("devices", consuming))
+        .await
+        .unwrap();
+    assert_eq!(
+        spec_of(&stored)["devices"][0]["name"],
+        "gpu-0-mig-0-1g-10gb"
+    );
+    assert_eq!(spec_of(&stored)["devices"][0].get("consumesCounters"), None);
+    // Dropped before validation: devices and counters in one slice pass (as the 1.36.2 test
+    // bed with the gate off accepted gpu-share's old layout).
+    let both = json!({"devices": [{"name": "d"}], "sharedCounters": counters["sharedCounters"]});
+    slices.create(&pp, &slice("both", both)).await.unwrap();
+    // A slice written while the gate was on keeps its counters on update.
+    let mut again = slice("on", counters);
+    again.metadata.resource_version = kept.metadata.resource_version.clone();
+    let replaced = slices.replace("on", &pp, &again).await.unwrap();
+    assert!(
+        spec_of(&replaced).get("sharedCounters").is_some(),
+        "in use: kept"
+    );
+}

@@ -1,0 +1,64 @@
+//! What the API server does with fields whose feature gate is off: it drops them from the
+//! object before validating and storing it, so the write succeeds and the fields are simply
+//! gone when read back. Only `DRAPartitionableDevices` is modelled (on by default, as in 1.36;
+//! off by default in 1.34 and 1.35, where the server drops every counter a driver publishes).
+//!
+//! Ported from `dropDisabledDRAPartitionableDevicesFields` in
+//! pkg/registry/resource/resourceslice/strategy.go (Kubernetes 1.36, as vendored by
+//! openshift/microshift): unless the gate is on or the stored slice already uses the feature,
+//! `spec.sharedCounters` and `spec.perDeviceNodeSelection` become nil, and so do each device's
+//! `consumesCounters`, `nodeName`, `nodeSelector` and `allNodes`. The strategy runs before
+//! validation (PrepareForCreate/PrepareForUpdate), so a slice that held only counter sets is
+//! stored empty, which validation allows.
+
+use serde_json::Value;
+
+/// The fields DRAPartitionableDevices adds to a slice's spec.
+const SPEC_FIELDS: [&str; 2] = ["sharedCounters", "perDeviceNodeSelection"];
+/// The fields it adds to each device.
+const DEVICE_FIELDS: [&str; 4] = ["consumesCounters", "nodeName", "nodeSelector", "allNodes"];
+
+/// `slice` as a server with DRAPartitionableDevices off stores it, `old` being the stored slice
+/// an update replaces (`draPartitionableDevicesFeatureInUse`: a slice that already holds
+/// counters keeps them).
+pub(crate) fn drop_partitionable_devices_fields(slice: &mut Value, old: Option<&Value>) {
+    if old.is_some_and(uses_partitionable_devices) {
+        return;
+    }
+    let Some(spec) = slice.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for field in SPEC_FIELDS {
+        spec.remove(field);
+    }
+    for device in spec
+        .get_mut("devices")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object_mut)
+    {
+        for field in DEVICE_FIELDS {
+            device.remove(field);
+        }
+    }
+}
+
+/// `draPartitionableDevicesFeatureInUse`: counter sets, per-device node selection, or a device
+/// consuming counters.
+fn uses_partitionable_devices(slice: &Value) -> bool {
+    let spec = slice.get("spec").unwrap_or(&Value::Null);
+    let non_empty = |v: Option<&Value>| match v {
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Null) | None => false,
+        Some(_) => true,
+    };
+    non_empty(spec.get("sharedCounters"))
+        || non_empty(spec.get("perDeviceNodeSelection"))
+        || spec
+            .get("devices")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .any(|d| non_empty(d.get("consumesCounters")))
+}
