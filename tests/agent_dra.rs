@@ -464,3 +464,45 @@ fn slices_the_api_server_refuses_are_reported_as_rejected() {
         .any(|e| e.reason.as_deref() == Some("SlicesRejected"))));
     wait_applied(&api, &node, "h100-balanced", Duration::from_secs(30));
 }
+
+/// A server with `DRAPartitionableDevices` off (1.34/1.35 default; the double drops the fields
+/// as the apiserver's ResourceSlice strategy does) still gets a static MIG profile: every
+/// device `plan` prints, none with counters, and a Normal `CountersDropped` Event saying why
+/// that is safe (each MIG device is an instance of its own). A later change still publishes.
+#[test]
+fn a_static_mig_profile_is_published_without_counters_where_the_server_drops_them() {
+    let api = Arc::new(KubeDouble::start());
+    api.set_partitionable_devices(false);
+    profiles_configmap(&api, &["h100-inference", "h100-balanced"], &[]);
+    let node = dra_node(&api, "dra-gate-off", "h100");
+    for profile in ["h100-inference", "h100-balanced"] {
+        api.set_node_label(&node.name, PROFILE_LABEL, Some(profile));
+        wait_applied(&api, &node, profile, Duration::from_secs(30));
+        let want = device_names(&planned(&node, profile));
+        let published_all = api.wait_until(Duration::from_secs(10), |a| {
+            device_names(&published(a, &node.name)) == want
+        });
+        let slices = published(&api, &node.name);
+        assert!(published_all, "{profile}: {:?}", device_names(&slices));
+        generation(&slices);
+        for slice in &slices {
+            assert!(slice["spec"].get("sharedCounters").is_none(), "{slice}");
+            for device in slice["spec"]["devices"].as_array().unwrap() {
+                assert!(device.get("consumesCounters").is_none(), "{device}");
+            }
+        }
+    }
+    let dropped = |a: &KubeDouble| -> Vec<_> {
+        a.events()
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("CountersDropped"))
+            .collect()
+    };
+    // Events are written in the background.
+    api.wait_until(Duration::from_secs(10), |a| !dropped(a).is_empty());
+    let events = dropped(&api);
+    assert_eq!(events.len(), 1, "reported once: {events:?}");
+    assert_eq!(events[0].type_.as_deref(), Some("Normal"));
+    let note = events[0].note.clone().unwrap_or_default();
+    assert!(note.contains("so none is handed out twice"), "{note}");
+}

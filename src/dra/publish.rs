@@ -43,6 +43,8 @@ pub struct Publisher {
     last_generation: Mutex<i64>,
     /// The API server was found dropping counters: publish without them.
     counters_dropped: AtomicBool,
+    /// A publish has reported that ([`Outcome::CountersDropped`]), once.
+    drop_reported: AtomicBool,
     published: Published,
 }
 
@@ -53,9 +55,10 @@ pub enum Outcome {
     Unchanged,
     /// The pool was rewritten at this generation.
     Written { generation: i64 },
-    /// This publish found the API server dropping counters (`DRAPartitionableDevices` off):
-    /// the pool was rewritten at this generation without them and without dynamic MIG
-    /// placements ([`super::without_counters`]), as every later publish will be.
+    /// The API server was found dropping counters (`DRAPartitionableDevices` off), by this
+    /// publish or by a withdrawal since the last one: the pool was rewritten at this generation
+    /// without them and without dynamic MIG placements ([`super::without_counters`]), as every
+    /// later publish will be. Reported once.
     CountersDropped { generation: i64 },
 }
 
@@ -84,6 +87,7 @@ impl Publisher {
             owner: pool::node_owner(node_name, node_uid),
             last_generation: Mutex::new(0),
             counters_dropped: AtomicBool::new(false),
+            drop_reported: AtomicBool::new(false),
             published,
         }
     }
@@ -98,19 +102,17 @@ impl Publisher {
     /// On a server found dropping counters, `desired` is published without them.
     pub async fn publish(&self, desired: Vec<ResourceSlice>) -> Result<Outcome, kube::Error> {
         let mut desired = self.as_the_server_keeps(desired);
-        let mut found_dropping = false;
         loop {
             let existing = self.list().await?;
             let outcome = match self.write(&existing, desired.clone()).await? {
                 Wrote::Nothing => Outcome::Unchanged,
-                Wrote::Pool { generation } if found_dropping => {
+                Wrote::Pool { generation } if self.drop_unreported() => {
                     Outcome::CountersDropped { generation }
                 }
                 Wrote::Pool { generation } => Outcome::Written { generation },
                 // Once: the pool without counters has none to drop.
                 Wrote::CountersDropped => {
                     self.found_counters_dropped();
-                    found_dropping = true;
                     desired = self.as_the_server_keeps(desired);
                     continue;
                 }
@@ -128,6 +130,12 @@ impl Publisher {
         } else {
             slices
         }
+    }
+
+    /// True once after the server was found dropping counters.
+    fn drop_unreported(&self) -> bool {
+        self.counters_dropped.load(Ordering::Relaxed)
+            && !self.drop_reported.swap(true, Ordering::Relaxed)
     }
 
     fn found_counters_dropped(&self) {
