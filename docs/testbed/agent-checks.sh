@@ -249,17 +249,24 @@ $K label node "$NODE" gpu-share.dev/profile- >/dev/null
 stop_agent
 fi
 
-if want 7; then
-echo "== 7. dynamic MIG with the real scheduler"
+# The agent under `--plugin dra` on port $1 with profile `dyn` (every GPU dynamic MIG) applied;
+# `static` (GPU 0 seven 1g.10gb, GPU 1 whole) is there to change to.
+dynamic_agent() {
 $K apply -f "$ROOT/deploy/overlays/dra/device-classes.yaml" >/dev/null
 $K apply -n default -f "$ROOT/deploy/examples/dra/resource-claim-templates.yaml" >/dev/null
 $K -n gpu-share create configmap gpu-share-profiles \
   --from-literal=dyn="$(printf 'version: v1\nrules:\n- devices: all\n  dynamicMig: true\n')" \
+  --from-literal=static="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {1g.10gb: 7}\n- devices: [1]\n  exclusive: true\n')" \
   --dry-run=client -o yaml | $K apply -f - >/dev/null
-agent 19607 --plugin dra --cdi-root "$W/cdi" --dra-plugin-dir "$W/dra" \
+agent "$1" --plugin dra --cdi-root "$W/cdi" --dra-plugin-dir "$W/dra" \
   --pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock
 $K label node "$NODE" gpu-share.dev/profile=dyn --overwrite >/dev/null
-wait_state success 60; echo "state $(state): $(reason)"
+wait_state success 60
+}
+if want 7; then
+echo "== 7. dynamic MIG with the real scheduler"
+dynamic_agent 19607
+echo "state $(state): $(reason)"
 sleep 2
 $K get resourceslices -o json > "$W/slices.json"
 python3 - "$W/slices.json" <<'PY'
@@ -312,14 +319,7 @@ fi
 
 if want 8; then
 echo "== 8. leaving dynamic MIG with a pod on a kept instance"
-$K -n gpu-share create configmap gpu-share-profiles \
-  --from-literal=dyn="$(printf 'version: v1\nrules:\n- devices: all\n  dynamicMig: true\n')" \
-  --from-literal=static="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {1g.10gb: 7}\n- devices: [1]\n  exclusive: true\n')" \
-  --dry-run=client -o yaml | $K apply -f - >/dev/null
-agent 19608 --plugin dra --cdi-root "$W/cdi" --dra-plugin-dir "$W/dra" \
-  --pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock
-$K label node "$NODE" gpu-share.dev/profile=dyn --overwrite >/dev/null
-wait_state success 60; sleep 2
+dynamic_agent 19608; sleep 2
 pod dyn-keep mig-1g-10gb
 $K wait --for=condition=Ready pod/dyn-keep --timeout=60s >/dev/null
 claim=$($K get pod dyn-keep -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
@@ -338,16 +338,7 @@ fi
 
 if want 9 && [ "$(gate_pd)" = false ]; then
 echo "== 9. dynamic MIG on an API server that drops counters (DRAPartitionableDevices=false)"
-$K apply -f "$ROOT/deploy/overlays/dra/device-classes.yaml" >/dev/null
-$K apply -n default -f "$ROOT/deploy/examples/dra/resource-claim-templates.yaml" >/dev/null
-$K -n gpu-share create configmap gpu-share-profiles \
-  --from-literal=dyn="$(printf 'version: v1\nrules:\n- devices: all\n  dynamicMig: true\n')" \
-  --from-literal=static="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {1g.10gb: 7}\n- devices: [1]\n  exclusive: true\n')" \
-  --dry-run=client -o yaml | $K apply -f - >/dev/null
-agent 19609 --plugin dra --cdi-root "$W/cdi" --dra-plugin-dir "$W/dra" \
-  --pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock
-$K label node "$NODE" gpu-share.dev/profile=dyn --overwrite >/dev/null
-wait_state success 60; echo "state $(state): $(reason)"
+dynamic_agent 19609; echo "state $(state): $(reason)"
 sleep 2
 slices_summary() {
   $K get resourceslices -o json | python3 -c '

@@ -1112,30 +1112,35 @@ async fn dra_resource_slices_and_device_classes() {
     assert_eq!(double.resource_slices().len(), 2);
 }
 
+/// The ResourceSlice API of `double`, through the kube client's dynamic API.
+async fn resource_slice_api(double: &KubeDouble) -> Api<kube::api::DynamicObject> {
+    use kube::api::GroupVersionKind;
+    let client = double.client();
+    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
+    let (resource, _) = kube::discovery::pinned_kind(&client, &gvk).await.unwrap();
+    Api::all_with(client, &resource)
+}
+
+/// ResourceSlice `name` of node gpu-1's pool, with the fields of `spec` added.
+fn resource_slice(name: &str, spec: serde_json::Value) -> kube::api::DynamicObject {
+    let mut full = json!({"driver": "gpu.gpu-share.dev", "nodeName": "gpu-1",
+        "pool": {"name": "gpu-1", "generation": 1, "resourceSliceCount": 1}});
+    full.as_object_mut()
+        .unwrap()
+        .extend(spec.as_object().unwrap().clone());
+    serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice", "metadata": {"name": name}, "spec": full}))
+    .unwrap()
+}
+
 /// The apiserver's ResourceSlice refusals the double copies (src/validation.rs, the limits
 /// of the resource.k8s.io/v1 types as Kubernetes 1.36 documents them), one case per rule: each
 /// object is refused with 422 and the apiserver's field and detail; each limit itself passes.
 #[tokio::test]
 async fn dra_resource_slices_the_apiserver_refuses_are_refused() {
-    use kube::api::{DynamicObject, GroupVersionKind};
-    use kube::discovery::pinned_kind;
-
     let double = KubeDouble::start();
-    let client = double.client();
-    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
-    let (resource, _) = pinned_kind(&client, &gvk).await.unwrap();
-    let slices: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-    let slice = |name: &str, spec: serde_json::Value| -> DynamicObject {
-        let mut spec_full = json!({"driver": "gpu.gpu-share.dev", "nodeName": "gpu-1",
-            "pool": {"name": "gpu-1", "generation": 1, "resourceSliceCount": 1}});
-        spec_full
-            .as_object_mut()
-            .unwrap()
-            .extend(spec.as_object().unwrap().clone());
-        serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice", "metadata": {"name": name}, "spec": spec_full}))
-        .unwrap()
-    };
+    let slices = resource_slice_api(&double).await;
+    let slice = resource_slice;
     let devices = |n: usize, consumes: bool| -> serde_json::Value {
         (0..n)
             .map(|i| {
@@ -1234,30 +1239,15 @@ async fn dra_resource_slices_the_apiserver_refuses_are_refused() {
 /// slice already uses them. The write succeeds; only reading it back shows the loss.
 #[tokio::test]
 async fn dra_resource_slices_lose_counters_when_partitionable_devices_is_off() {
-    use kube::api::{DynamicObject, GroupVersionKind};
-    use kube::discovery::pinned_kind;
-
     let double = KubeDouble::start();
-    let client = double.client();
-    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
-    let (resource, _) = pinned_kind(&client, &gvk).await.unwrap();
-    let slices: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-    let slice = |name: &str, spec: serde_json::Value| -> DynamicObject {
-        let mut full = json!({"driver": "gpu.gpu-share.dev", "nodeName": "gpu-1",
-            "pool": {"name": "gpu-1", "generation": 1, "resourceSliceCount": 2}});
-        full.as_object_mut()
-            .unwrap()
-            .extend(spec.as_object().unwrap().clone());
-        serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice", "metadata": {"name": name}, "spec": full}))
-        .unwrap()
-    };
+    let slices = resource_slice_api(&double).await;
+    let slice = resource_slice;
     let counters = json!({"sharedCounters": [{"name": "gpu-0",
         "counters": {"memory-slice-0": {"value": "1"}}}]});
     let consuming = json!({"devices": [{"name": "gpu-0-mig-0-1g-10gb", "consumesCounters": [
         {"counterSet": "gpu-0", "counters": {"memory-slice-0": {"value": "1"}}}]}]});
     let pp = PostParams::default();
-    let spec_of = |o: &DynamicObject| o.data["spec"].clone();
+    let spec_of = |o: &kube::api::DynamicObject| o.data["spec"].clone();
 
     // Gate on (1.36's default): stored as written.
     let kept = slices
