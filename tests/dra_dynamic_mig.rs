@@ -341,8 +341,9 @@ fn a_crash_mid_create_leaves_no_half_instance_and_prepared_claims_keep_theirs() 
 
 /// An instance made out of band on a dynamic GPU (here written into the fake NVML's state as
 /// `nvidia-smi mig -cgi` would make it): a claim allocated on top of it before the agent saw it
-/// is refused naming it; the next reconcile (here at the restart: resyncs are 5 min apart)
-/// withdraws the devices it overlaps, with an Event naming it; they come back once it is gone.
+/// is refused naming it, and the refusal has the agent reconcile at once (resyncs are 5 min
+/// apart here), withdrawing the devices it overlaps with an Event naming it; they come back
+/// once it is gone (here at a restart).
 #[test]
 fn out_of_band_instances_are_refused_then_withdrawn_until_destroyed() {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -374,7 +375,7 @@ fn out_of_band_instances_are_refused_then_withdrawn_until_destroyed() {
         );
         assert_eq!(node.node.mutations().len(), before, "nothing was changed");
 
-        node.restart_agent();
+        // The refusal has the agent republish at once (its resync is 5 min away).
         let gone = node.api.wait_until(WAIT, |_| {
             let names = node.device_names();
             !names.contains("gpu-1-mig-0-1g-18gb") && !names.contains("gpu-1")

@@ -155,6 +155,7 @@ impl Node {
                 dynamic_mig: DynamicMig {
                     gpus: SharedGpus::new(None),
                     journal: SharedMigJournal::new(&self.settings.plugin_dir),
+                    republish: Default::default(),
                 },
             },
         )
@@ -781,7 +782,11 @@ async fn registration_answers_grpc_gos_socket_path_authority_only_through_the_fr
     use gpu_share::kubelet::serving::Serving;
 
     let dir = tempfile::tempdir().unwrap();
-    let service = RegistrationService::new(DRIVER, "/var/lib/kubelet/plugins/x/dra.sock");
+    let service = RegistrationService::new(
+        DRIVER,
+        "/var/lib/kubelet/plugins/x/dra.sock",
+        Default::default(),
+    );
     let router = |_| {
         tonic::transport::Server::builder().add_service(RegistrationServer::new(service.clone()))
     };

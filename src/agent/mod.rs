@@ -221,6 +221,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             DynamicMig {
                 gpus: reconciler.gpus.clone(),
                 journal: mig_journal,
+                republish: Default::default(),
             },
         )?),
         None => None,
@@ -238,13 +239,13 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let cms: Api<ConfigMap> = Api::namespaced(watch_client, &args.namespace);
     tokio::spawn(watch_configmap(cms, args.configmap.clone(), cm_tx));
 
-    let registrations = dra_plugin.as_ref().map(KubeletPlugin::registrations);
+    let republish = dra_plugin.as_ref().map(KubeletPlugin::republish_requests);
     let loop_ = reconcile_loop(
         &args,
         &reconciler,
         node_rx,
         cm_rx,
-        registrations,
+        republish,
         &health,
         doctor_ok,
     );
@@ -479,7 +480,7 @@ async fn reconcile_loop(
     reconciler: &Reconciler,
     mut node_rx: watch::Receiver<Option<Node>>,
     mut cm_rx: watch::Receiver<Option<Option<ConfigMap>>>,
-    mut registrations: Option<watch::Receiver<u64>>,
+    mut republish: Option<watch::Receiver<u64>>,
     health: &Health,
     doctor: Result<(), String>,
 ) {
@@ -540,11 +541,12 @@ async fn reconcile_loop(
             _ = node_rx.changed() => {}
             _ = cm_rx.changed() => {}
             () = tokio::time::sleep_until(next_run) => {}
-            registered = next_registration(&mut registrations) => {
-                if registered {
-                    // The kubelet (re)registered the DRA plugin; a restarted kubelet deleted
-                    // the node's slices first: publish now, not at the next resync.
-                    info!("the kubelet registered the DRA plugin; reconciling to republish");
+            requested = next_request(&mut republish) => {
+                if requested {
+                    // The kubelet (re)registered the DRA plugin (a restarted kubelet deleted
+                    // the node's slices first), or a Prepare met an out-of-band MIG instance:
+                    // publish now, not at the next resync.
+                    info!("reconciling to republish the ResourceSlices");
                     next_run = tokio::time::Instant::now();
                 }
             }
@@ -552,16 +554,16 @@ async fn reconcile_loop(
     }
 }
 
-/// Wait for the kubelet's next DRA plugin registration: true when one came, false when the
-/// plugin is gone (then never again); never resolves without a DRA plugin.
-async fn next_registration(registrations: &mut Option<watch::Receiver<u64>>) -> bool {
-    let Some(rx) = registrations.as_mut() else {
+/// Wait for the DRA plugin's next republish request: true when one came, false when the plugin
+/// is gone (then never again); never resolves without a DRA plugin.
+async fn next_request(requests: &mut Option<watch::Receiver<u64>>) -> bool {
+    let Some(rx) = requests.as_mut() else {
         return std::future::pending().await;
     };
     if rx.changed().await.is_ok() {
         return true;
     }
-    *registrations = None;
+    *requests = None;
     false
 }
 

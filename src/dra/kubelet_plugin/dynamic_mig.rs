@@ -18,11 +18,13 @@ use crate::dra::dynamic::DynamicDevice;
 use crate::gpu::{GpuError, Gpus, MigModeOutcome, ObservedGpu, SharedGpus};
 use crate::mig::{catalog, Placement};
 
-/// What dynamic MIG needs: NVML and the journal.
+/// What dynamic MIG needs: NVML, the journal, and the reconcile to tell when a Prepare meets
+/// an instance made out of band.
 #[derive(Debug, Clone)]
 pub struct DynamicMig {
     pub gpus: SharedGpus,
     pub journal: SharedMigJournal,
+    pub republish: super::RepublishRequests,
 }
 
 /// A claim as messages name it.
@@ -111,6 +113,7 @@ impl DynamicMig {
                 .iter()
                 .find(|i| i.placement.mask() & placement.mask() != 0)
             {
+                self.out_of_band_met(gpu);
                 return Err(refuse(format!(
                     "it overlaps GPU instance {} ({} at {}), which the scheduler did not know of",
                     i.gi_id.map_or_else(|| "?".into(), |id| id.to_string()),
@@ -187,6 +190,7 @@ impl DynamicMig {
         }
         if observed.mig.is_some_and(|m| m.current) {
             if let Some(i) = observed.instances.first() {
+                self.out_of_band_met(gpu);
                 return Err(refuse(format!(
                     "GPU instance {} ({} at {}) is on it",
                     i.gi_id.map_or_else(|| "?".into(), |id| id.to_string()),
@@ -213,6 +217,13 @@ impl DynamicMig {
             "gave the claim the whole GPU, MIG off"
         );
         Ok(entry)
+    }
+
+    /// An instance no claim made is on dynamic GPU `gpu`: have the reconcile withdraw what it
+    /// overlaps now (Event `OutOfBandMig`), not at its next resync.
+    fn out_of_band_met(&self, gpu: u32) {
+        warn!(gpu, "a MIG instance no claim made is on a dynamic GPU; republishing without what it overlaps");
+        self.republish.request();
     }
 
     /// Turn MIG on or off, only while the GPU runs nothing; a change the driver leaves pending

@@ -79,11 +79,37 @@ pub struct Inputs {
     pub dynamic_mig: dynamic_mig::DynamicMig,
 }
 
+/// Asks the agent's reconcile to run now, and so to republish the pool: the kubelet
+/// (re)registered the plugin (a restarted kubelet deleted the node's slices first: a pod waited
+/// 3 min 54 s for the next resync on a real 1.36 node), or a Prepare met a MIG instance made
+/// out of band on a dynamic GPU (the devices it overlaps are withdrawn by the reconcile, which
+/// would otherwise find it only at its next resync while the scheduler keeps allocating them).
+#[derive(Debug, Clone)]
+pub struct RepublishRequests(Arc<watch::Sender<u64>>);
+
+impl Default for RepublishRequests {
+    fn default() -> Self {
+        RepublishRequests(Arc::new(watch::channel(0).0))
+    }
+}
+
+impl RepublishRequests {
+    pub fn request(&self) {
+        self.0.send_modify(|n| *n += 1);
+    }
+
+    /// A receiver that changes on each request.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.0.subscribe()
+    }
+}
+
 /// The running plugin: both sockets.
 pub struct KubeletPlugin {
     dra: Serving,
     registration: Serving,
     registration_service: RegistrationService,
+    republish: RepublishRequests,
 }
 
 /// Why the kubelet DRA plugin could not start; each variant says its cause in its message.
@@ -107,6 +133,7 @@ impl KubeletPlugin {
         inputs: Inputs,
     ) -> Result<KubeletPlugin, StartError> {
         let dra_socket = settings.plugin_dir.join(DRA_SOCKET);
+        let republish = inputs.dynamic_mig.republish.clone();
         let health = HealthService {
             slices: inputs.slices.clone(),
             faults: inputs.faults,
@@ -137,7 +164,7 @@ impl KubeletPlugin {
         })
         .map_err(|e| cannot_serve(&dra_socket, e))?;
         let registration_service =
-            RegistrationService::new(DRIVER, &dra_socket.display().to_string());
+            RegistrationService::new(DRIVER, &dra_socket.display().to_string(), republish.clone());
         let reg_socket = settings.registration_dir.join(registration_socket_name());
         let registration = match Serving::start_for_plugin_watcher(
             &reg_socket,
@@ -157,12 +184,14 @@ impl KubeletPlugin {
             dra,
             registration,
             registration_service,
+            republish,
         })
     }
 
-    /// Changes each time the kubelet confirms a registration (first start or its restart).
-    pub fn registrations(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.registration_service.registrations()
+    /// Changes on each [`RepublishRequests`] request: each registration the kubelet confirms,
+    /// each Prepare that met an out-of-band instance.
+    pub fn republish_requests(&self) -> watch::Receiver<u64> {
+        self.republish.subscribe()
     }
 
     /// Whether the kubelet said it registered the plugin (`None`: it has not said yet).
