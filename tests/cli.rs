@@ -979,3 +979,90 @@ fn init_config_and_schema_take_dash_o() {
     let json_schema = json(&gpu_share(&["schema"]));
     assert_eq!(schema, json_schema);
 }
+
+/// `plan --plugin dra` on this node's own GPUs reads the agent's dynamic-MIG journal
+/// (`--dra-plugin-dir`), so it prints what the agent publishes: an instance a claim made keeps
+/// the devices it overlaps published (the counters keep them apart), while without the journal
+/// the same instance counts as out of band and withdraws them.
+#[test]
+fn plan_for_dra_reads_which_instances_claims_made_from_the_journal() {
+    use gpu_share::dra::kubelet_plugin::mig_journal::{Entry, Instance, MigJournal, State, FILE};
+    use nvidia_ml::state::{ComputeInstance, Gpu, GpuInstance, Place};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = nvidia_ml::state::State::with_gpus([
+        Gpu::mig("h100-80gb").mig_enabled(),
+        Gpu::mig("h100-80gb"),
+    ]);
+    node.gpus[0].gpu_instances.push(GpuInstance {
+        id: 3,
+        profile_id: 19,
+        placement: Place::new(5, 1),
+        compute_instances: vec![ComputeInstance {
+            id: 0,
+            profile_id: 0,
+            placement: Place::new(0, 1),
+            uuid: "MIG-claimed".into(),
+        }],
+    });
+    let state = dir.path().join("node.json");
+    node.write_to(&state).unwrap();
+    let profile = dir.path().join("dyn.yaml");
+    std::fs::write(
+        &profile,
+        "version: v1\nrules:\n  - devices: all\n    dynamicMig: true\n",
+    )
+    .unwrap();
+    let plugin_dir = dir.path().join("plugin");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    let devices = || -> Vec<String> {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+            .args(["plan", "--plugin", "dra", "-o", "json", "--profile"])
+            .arg(&profile)
+            .arg("--dra-plugin-dir")
+            .arg(&plugin_dir)
+            .env("GPU_SHARE_NVML_LIB", nvidia_ml::cdylib_path())
+            .env("FAKE_NVML_STATE", &state)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        json(&out)["resourceSlices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let out_of_band = devices();
+    assert!(!out_of_band.contains(&"gpu-0-mig-5-1g-10gb".to_string()));
+    assert!(!out_of_band.contains(&"gpu-0-mig-4-2g-20gb".to_string()));
+    assert!(out_of_band.contains(&"gpu-0-mig-4-1g-10gb".to_string()));
+
+    MigJournal {
+        entries: vec![Entry {
+            claim: "uid-1".into(),
+            claim_name: "team-a/small".into(),
+            device: "gpu-0-mig-5-1g-10gb".into(),
+            gpu: 0,
+            instance: Some(Instance {
+                profile: "1g.10gb".into(),
+                placement: gpu_share::mig::Placement { start: 5, size: 1 },
+                gi_id: Some(3),
+            }),
+            state: State::Made,
+        }],
+    }
+    .save(&plugin_dir.join(FILE))
+    .unwrap();
+    let claimed = devices();
+    assert!(
+        claimed.contains(&"gpu-0-mig-5-1g-10gb".to_string()),
+        "{claimed:?}"
+    );
+    assert!(
+        claimed.contains(&"gpu-0-mig-4-2g-20gb".to_string()),
+        "{claimed:?}"
+    );
+    assert!(claimed.contains(&"gpu-0".to_string()), "{claimed:?}");
+}

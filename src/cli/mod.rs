@@ -272,6 +272,13 @@ struct PlanArgs {
     /// dra: the node's name, which names its pool and slices.
     #[arg(long, env = "NODE_NAME", default_value = "node")]
     node_name: String,
+    /// dra, planning this node's own GPUs: the DRA plugin's directory (the agent's), whose
+    /// dynamic-MIG journal says which MIG instances claims made; the plan then publishes those
+    /// as the agent does, and only the others count as made out of band. With --gpu or
+    /// --current every instance on a dynamic GPU counts as out of band.
+    #[arg(long, env = "GPU_SHARE_DRA_PLUGIN_DIR",
+          default_value = crate::dra::kubelet_plugin::DEFAULT_PLUGIN_DIR)]
+    dra_plugin_dir: PathBuf,
     /// The node's last applied advertisement (the agent's `<state dir>/advertised.json`): the
     /// plan then says, per device ID a pod may hold now, whether that pod stays or is evicted
     /// first, and why (a device advertised otherwise is re-allocated; docs/operator-guide.md).
@@ -505,9 +512,10 @@ fn run_plan(args: &PlanArgs) -> Result<ExitCode> {
         Ok(p) => p,
         Err(problem) => return report_problems(args.out.output, &[problem]),
     };
+    let this_node = args.current.is_none() && args.gpu.is_empty();
     let (node, simulated) = match &args.current {
         Some(path) => (read_observed(path)?, false),
-        None if args.gpu.is_empty() => (observe_this_node(&args.nvml)?, false),
+        None if this_node => (observe_this_node(&args.nvml)?, false),
         None => (
             ObservedNode::from_gpu_specs(&args.gpu).map_err(anyhow::Error::msg)?,
             true,
@@ -515,9 +523,14 @@ fn run_plan(args: &PlanArgs) -> Result<ExitCode> {
     };
     match plan_for(&named.name, &profile, &node, args.plugin) {
         Ok(plan) if args.plugin == PluginKind::Dra => {
+            let claimed = if this_node {
+                claims_instances(&args.dra_plugin_dir)?
+            } else {
+                Default::default()
+            };
             // Generation 1: a plan is what a first publication would be.
             let resource_slices =
-                crate::dra::resource_slices(&args.node_name, 1, &plan.gpus, &node);
+                crate::dra::resource_slices_with(&args.node_name, 1, &plan.gpus, &node, &claimed);
             let dra = DraPlan {
                 plan,
                 resource_slices,
@@ -553,6 +566,15 @@ fn run_plan(args: &PlanArgs) -> Result<ExitCode> {
 
 /// `plan --advertised`: each device ID of the saved advertisement judged against what `plan`
 /// advertises on `node` (the agent's rule, `agent::advertisement`).
+/// The MIG instances claims made on this node's dynamic GPUs, from the journal in the DRA
+/// plugin's directory (none when there is no journal: no claim made one).
+fn claims_instances(plugin_dir: &Path) -> Result<crate::dra::dynamic::ClaimedInstances> {
+    let path = plugin_dir.join(crate::dra::kubelet_plugin::mig_journal::FILE);
+    let journal = crate::dra::kubelet_plugin::mig_journal::MigJournal::load(&path)
+        .map_err(anyhow::Error::msg)?;
+    Ok(journal.claimed())
+}
+
 fn plan_verdicts(
     path: &Path,
     plan: &crate::plan::NodePlan,

@@ -62,8 +62,8 @@ const TIME_SLICING: &str = "timeSlicing";
 /// The node's ResourceSlices for the planned `gpus`: one pool named `node_name`, at
 /// `generation` (the caller bumps it on every change), as many slices as the API limits need.
 /// `node` supplies what NVML knows (UUIDs, memory). Every instance on a dynamic-MIG GPU counts
-/// as made out of band (the plugin's journal is not read): `plan` shows the most cautious
-/// publish; the agent calls [`resource_slices_with`].
+/// as made out of band (no journal is read): the most cautious publish, for a plan without the
+/// node's journal; the agent and `plan` on the node call [`resource_slices_with`].
 pub fn resource_slices(
     node_name: &str,
     generation: i64,
