@@ -26,7 +26,10 @@
 # `DRA_PD=false ./start.sh`: DRAPartitionableDevices off, the 1.34/1.35 default) a `dynamicMig`
 # profile: the server drops the counters, the agent publishes the dynamic GPUs whole only
 # (Event CountersDropped), a 1g.10gb pod stays Pending, a whole-GPU pod runs; a static MIG
-# profile then serves the 1g.10gb pod.
+# profile then serves the 1g.10gb pod. 10. Dynamic MIG with an instance made out of band on
+# GPU 0 slot 5 (written into the fake NVML, as `nvidia-smi mig -cgi` would make it): the first
+# 1g.10gb pod is allocated that slot by first fit, its Prepare is refused naming the instance,
+# and the agent republishes at once without the devices it overlaps; a second pod runs beside it.
 # Results of the session that wrote it: its closing note (issues stops).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -332,6 +335,42 @@ echo "NVML: $(nvml_instances)"
 $K delete pod dyn-keep --wait=true --timeout=60s >/dev/null; sleep 3
 echo "after deleting the pod, NVML: $(nvml_instances)"
 grep -E "profile's now|destroyed the claim" "$W/agent-19608.log" | cut -c1-220
+$K label node "$NODE" gpu-share.dev/profile- >/dev/null
+stop_agent
+fi
+
+if want 10 && [ "$(gate_pd)" != false ]; then
+echo "== 10. an out-of-band MIG instance on a dynamic GPU"
+dynamic_agent 19610; echo "state $(state): $(reason)"
+python3 - "$W/nvml.json" <<'PY'
+import json, os, sys
+path = sys.argv[1]
+s = json.load(open(path))
+g = s["gpus"][0]
+g["mig"] = {"current": True, "pending": True}
+g.setdefault("gpu_instances", []).append({"id": 9, "profile_id": 19,
+    "placement": {"start": 5, "size": 1}, "compute_instances": [{"id": 0, "profile_id": 0,
+    "placement": {"start": 0, "size": 1}, "uuid": "MIG-out-of-band-0000"}]})
+json.dump(s, open(path + ".tmp", "w")); os.rename(path + ".tmp", path)
+PY
+echo "NVML: $(nvml_instances)"
+t0=$(date +%s.%N)
+pod oob-1 mig-1g-10gb
+for _ in $(seq 1 100); do
+  $K get resourceslices -o jsonpath='{.items[*].spec.devices[*].name}' | tr ' ' '\n' | grep -qx gpu-0-mig-5-1g-10gb || break; sleep 0.1
+done
+echo "gpu-0-mig-5-1g-10gb withdrawn $(echo "$(date +%s.%N) - $t0" | bc) s after the pod was created"
+claim=$($K get pod oob-1 -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
+echo "pod oob-1 ($($K get pod oob-1 -o jsonpath='{.status.phase}')): $($K get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')"
+$K get events -n default --field-selector involvedObject.name=oob-1 -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' | grep -v Scheduled | cut -c1-300 | sort -u | head -3
+$K get events.events.k8s.io -A --field-selector reason=OutOfBandMig -o jsonpath='{range .items[*]}{.type} {.reason}: {.note}{"\n"}{end}' | head -1
+grep -E "no claim made|republish" "$W/agent-19610.log" | cut -c1-200 | head -3
+pod oob-2 mig-1g-10gb
+$K wait --for=condition=Ready pod/oob-2 --timeout=60s >/dev/null
+claim=$($K get pod oob-2 -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
+echo "pod oob-2 ($($K get pod oob-2 -o jsonpath='{.status.phase}')): $($K get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')"
+echo "NVML: $(nvml_instances)"
+$K delete pod oob-1 oob-2 --wait=true --timeout=60s >/dev/null
 $K label node "$NODE" gpu-share.dev/profile- >/dev/null
 stop_agent
 fi
