@@ -204,31 +204,42 @@ impl Leader {
         }
     }
 
-    /// Give the Lease back (no holder), so another replica takes over at once.
-    async fn release(&self) {
-        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else {
-            return;
-        };
-        if holder(&lease, &self.identity, Timestamp::now(), self.duration) != Holder::Us {
-            return;
-        }
-        if let Some(spec) = lease.spec.as_mut() {
-            spec.holder_identity = None;
-        }
-        match self
-            .api
-            .replace(
-                &self.name,
-                &crate::field_manager::post(crate::field_manager::AUTOPILOT),
-                &lease,
-            )
-            .await
-        {
-            Ok(_) => info!(lease = %self.name, "lease released"),
-            Err(e) => {
-                warn!(lease = %self.name, error = %e, "could not release the lease; it will lapse")
+    /// Give the Lease back (no holder) if this replica holds it, so another replica takes over
+    /// at once. Also called when SIGTERM cuts [`Leader::acquire`] short: its write may have
+    /// landed. A conflict (a renewal or acquire whose write was in flight when it was
+    /// stopped) is read again and retried once.
+    pub async fn release(&self) {
+        for _ in 0..2 {
+            let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else {
+                return;
+            };
+            if holder(&lease, &self.identity, Timestamp::now(), self.duration) != Holder::Us {
+                return;
+            }
+            if let Some(spec) = lease.spec.as_mut() {
+                spec.holder_identity = None;
+            }
+            match self
+                .api
+                .replace(
+                    &self.name,
+                    &crate::field_manager::post(crate::field_manager::AUTOPILOT),
+                    &lease,
+                )
+                .await
+            {
+                Ok(_) => {
+                    info!(lease = %self.name, "lease released");
+                    return;
+                }
+                Err(e) if is_code(&e, 409) => continue,
+                Err(e) => {
+                    warn!(lease = %self.name, error = %e, "could not release the lease; it will lapse");
+                    return;
+                }
             }
         }
+        warn!(lease = %self.name, "could not release the lease (it kept changing); it will lapse");
     }
 }
 

@@ -141,7 +141,11 @@ pub async fn run(args: AutopilotArgs) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
     let mut leadership = tokio::select! {
         l = leader.acquire() => l,
-        _ = &mut shutdown => return Ok(()),
+        _ = &mut shutdown => {
+            // The acquire's write may have landed before the signal: give it back.
+            leader.release().await;
+            return Ok(());
+        }
     };
     let changes = Arc::new(Notify::new());
     spawn_watchers(&watch_client, &changes);
