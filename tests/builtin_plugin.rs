@@ -353,6 +353,13 @@ async fn scenario() {
     api.update_configmap_key(NS, CM, KEY, Some(&changed));
     let list = list_until(&mut gpu_stream, |l| l.devices.len() == 2 * 2 + 2 * 8).await;
     assert!(list.devices.iter().all(|d| d.health == "Healthy"));
+    // The new lists come before the reconcile ends; one still running when the instance is
+    // removed below would find it missing and make it again (a new UUID, healthy), so the
+    // stream would never say Unhealthy (seen once in CI on 2 busy cores).
+    wait_for("the change applied", Duration::from_secs(30), || {
+        node_sim::is_applied(&api, "gpu-1", &changed)
+    })
+    .await;
 
     // A MIG device removed behind the agent's back → Unhealthy on the open stream.
     let mut s = State::read_from(&nvml).unwrap();
