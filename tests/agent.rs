@@ -722,12 +722,15 @@ fn a_bare_pod_blocks_the_drain_by_name_and_nothing_is_evicted() {
         api.wait_until(Duration::from_secs(10), |a| !unschedulable(a, "gpu-bare")),
         "the node is left uncordoned while it waits"
     );
-    assert!(api.events().iter().any(|e| {
-        e.reason.as_deref() == Some("PodNotEvictable")
-            && e.note
-                .as_deref()
-                .is_some_and(|n| n.contains("default/bare"))
-    }));
+    // The Event follows the `blocked` state (src/agent/reconcile.rs `fail`).
+    assert!(
+        api.wait_until(Duration::from_secs(10), |a| a.events().iter().any(|e| {
+            e.reason.as_deref() == Some("PodNotEvictable")
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains("default/bare"))
+        }))
+    );
 
     // An operator who accepts the loss says so; both pods go and the profile is applied.
     node.kill_agent();
