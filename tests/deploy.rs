@@ -1370,6 +1370,29 @@ fn as_admitted(n: &Node) -> Value {
     v
 }
 
+/// A stand-in device-plugin process (`sleep 600`) that SIGHUP ends. An ignored signal stays
+/// ignored across exec, so under `nohup` (SIGHUP ignored) a plain `sleep` would survive the
+/// agent's SIGHUP and the test would fail for its runner's sake (it did, in a fresh clone run
+/// under nohup).
+fn dies_of_sighup() -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new("sleep");
+    command.arg("600");
+    // SAFETY: between fork and exec the child only calls signal(2), which is
+    // async-signal-safe, and allocates nothing.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sys::signal::signal(
+                nix::sys::signal::Signal::SIGHUP,
+                nix::sys::signal::SigHandler::SigDfl,
+            )
+            .map(drop)
+            .map_err(std::io::Error::from)
+        });
+    }
+    command.spawn().unwrap()
+}
+
 #[test]
 fn rbac_grants_exactly_what_the_agent_uses_and_the_policy_admits_its_node_writes() {
     let objects = render(&deploy().join("overlays/standalone")).objects;
@@ -1406,8 +1429,8 @@ fn rbac_grants_exactly_what_the_agent_uses_and_the_policy_admits_its_node_writes
     let plugin_c = container(&pod, "device-plugin");
     let argv0 = &plugin_c.command.as_ref().unwrap()[0];
     let other_pod = "9f8e7d6c-5b4a-4321-8fed-cba987654321";
-    let mut other_plugin = Command::new("sleep").arg("600").spawn().unwrap();
-    let mut plugin = Command::new("sleep").arg("600").spawn().unwrap();
+    let mut other_plugin = dies_of_sighup();
+    let mut plugin = dies_of_sighup();
     for (process, pod_uid) in [(&other_plugin, other_pod), (&plugin, AGENT_POD_UID)] {
         let proc_dir = sim.path(&format!("proc/{}", process.id()));
         std::fs::create_dir_all(&proc_dir).unwrap();
