@@ -10,7 +10,7 @@
 //!   evicted, and no pod is deleted behind the Eviction API's back;
 //! - no PodDisruptionBudget is violated: a guarded pod is evicted only once its budget allows.
 //!
-//! Fast part (in `cargo test --workspace`): a crash at every mutation of 3 transitions on
+//! Fast part (in `cargo test --workspace`): a crash at every mutation of 4 transitions on
 //! 2 GPUs; watch drops and API 5xx/slow answers during a drain; a PDB that never allows the
 //! eviction; a hung Node patch and a lost uncordon; a device plugin that is gone (and its
 //! reload retried until it is back); an MPS daemon killed with SIGKILL; an unwritable state dir
@@ -39,16 +39,20 @@ use node_sim::*;
 #[test]
 fn a_crash_at_every_mutation_of_a_sample_of_transitions_converges() {
     // One transition of each kind: destroy some and create (MIG stays on), enable MIG and
-    // create everything, destroy everything and disable MIG.
+    // create everything, destroy everything and disable MIG, and one with MIG off on both
+    // sides (no NVML mutation: nothing to crash at).
     let mut points = 0;
     for (from, to) in [
         ("h100-inference", "h100-balanced"),
         ("exclusive", "a100-80gb-single"),
         ("h100-balanced", "homelab-timeslice"),
+        ("exclusive", "homelab-timeslice"),
     ] {
-        points += crash_at_every_mutation(from, to, 2, |_, _, _| {});
+        let n = crash_at_every_mutation(from, to, 2, |_, _, _| {});
+        assert_crash_points_match_mig_use(from, to, n);
+        points += n;
     }
-    eprintln!("3 transitions on 2 GPUs: {points} crash points, all converged");
+    eprintln!("4 transitions on 2 GPUs: {points} crash points, all converged");
     assert!(points >= 30, "{points} crash points");
 }
 
@@ -71,7 +75,7 @@ fn a_crash_at_every_mutation_of_transitions_in_turn_converges_within_a_time_box(
             break;
         }
         let n = crash_at_every_mutation(from, to, 8, |_, _, _| {});
-        assert!(n > 0, "{from} → {to}: no mutation to crash at");
+        assert_crash_points_match_mig_use(from, to, n);
         covered.push(format!("{from} → {to} ({n} crash points)"));
     }
     eprintln!(
@@ -83,12 +87,29 @@ fn a_crash_at_every_mutation_of_transitions_in_turn_converges_within_a_time_box(
     );
 }
 
+/// A transition that touches MIG has NVML mutations to crash at; one between two profiles
+/// without MIG (exclusive ↔ homelab-timeslice) has none, and its clean apply was still checked.
+fn assert_crash_points_match_mig_use(from: &str, to: &str, crash_points: usize) {
+    let touches_mig = profile_uses_mig(from) || profile_uses_mig(to);
+    assert_eq!(
+        crash_points > 0,
+        touches_mig,
+        "{from} → {to}: {crash_points} crash points, but the transition {} MIG",
+        if touches_mig {
+            "touches"
+        } else {
+            "does not touch"
+        }
+    );
+}
+
 #[test]
 #[ignore = "opt-in, a few minutes: cargo test --test reliability -- --ignored"]
 fn a_crash_at_every_mutation_of_every_transition_converges() {
     let mut points = 0;
     for (from, to) in transitions() {
         let n = crash_at_every_mutation(from, to, 8, |_, _, _| {});
+        assert_crash_points_match_mig_use(from, to, n);
         eprintln!("{from} → {to}: {n} crash points converged");
         points += n;
     }

@@ -72,6 +72,14 @@ pub fn transitions() -> Vec<(&'static str, &'static str)> {
     out
 }
 
+/// Whether example profile `name` puts any GPU in MIG mode. A transition between two profiles
+/// that do not (say exclusive → homelab-timeslice) makes no NVML mutation: only the
+/// device-plugin config changes, so a crash-at-every-mutation run of it has no point to crash at.
+pub fn profile_uses_mig(name: &str) -> bool {
+    let profile = parse_profile(name, &profile_text(name)).expect("example profiles parse");
+    profile.rules.iter().any(|rule| rule.mig.is_some())
+}
+
 /// The `gpu-share` binary cargo built for the running integration test or bench:
 /// `target/<profile>/gpu-share` above the running executable (which lives in
 /// `target/<profile>/deps/`), or `$CARGO_BIN_EXE_gpu-share` where the runner sets it at run time
