@@ -93,7 +93,23 @@ fn expected_size() -> String {
         .unwrap()
         .parse()
         .unwrap();
-    format!("{}k", kib / 2)
+    // The kernel sizes a tmpfs in whole pages, rounding `size=` up (mm/shmem.c,
+    // shmem_parse_one: DIV_ROUND_UP(size, PAGE_SIZE)), and mountinfo and df show that size.
+    let page_kib = page_size_bytes() / 1024;
+    format!("{}k", (kib / 2).div_ceil(page_kib) * page_kib)
+}
+
+/// `getconf PAGESIZE`, read apart from gpu-share's own reading of it.
+fn page_size_bytes() -> u64 {
+    let out = std::process::Command::new("getconf")
+        .arg("PAGESIZE")
+        .output()
+        .expect("getconf PAGESIZE");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 #[test]
@@ -122,6 +138,45 @@ fn without_meminfo_the_size_is_nvidias_fallback() {
         text(&out)
     );
     assert_eq!(lines[1].trim(), "65536", "{}", text(&out));
+}
+
+/// A node whose half MemTotal is not a whole number of pages (the CI machine that showed it:
+/// MemTotal 24683772 kB, half 12341886 kB, mounted by the kernel as 12341888k): the size
+/// gpu-share prints is the one the kernel mounted.
+#[test]
+#[cfg_attr(
+    no_mount_namespace,
+    ignore = "unshare --mount is refused here (needs root): the real tmpfs mount is not exercised"
+)]
+fn the_printed_size_is_the_one_the_kernel_mounts_when_half_of_memory_is_not_whole_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("mps");
+    // A /proc with the real self/ (mountinfo) and a meminfo of that machine.
+    let proc = dir.path().join("proc");
+    std::fs::create_dir(&proc).unwrap();
+    std::os::unix::fs::symlink("/proc/self", proc.join("self")).unwrap();
+    std::fs::write(proc.join("meminfo"), "MemTotal:       24683772 kB\n").unwrap();
+    let out = in_namespace(&format!(
+        r#"set -e; ROOT={root}; "$B" mps mount-shm --mps-root "$ROOT" --proc-root {proc}; {INSPECT}"#,
+        root = root.display(),
+        proc = proc.display()
+    ));
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8(out.stdout.clone()).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    let page_kib = page_size_bytes() / 1024;
+    let mounted = 12_341_886_u64.div_ceil(page_kib) * page_kib;
+    assert!(
+        lines[0].ends_with(&format!("size={mounted}k), half of MemTotal")),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(lines[1].trim(), mounted.to_string(), "{}", text(&out));
+    assert!(
+        lines[2].ends_with(&format!(" rw,size={mounted}k")),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]

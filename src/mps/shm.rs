@@ -32,9 +32,12 @@ pub fn shm_dir(root: &Path) -> PathBuf {
     root.join(SHM_DIR)
 }
 
-/// The tmpfs `size=` value for a node with this `/proc/meminfo`: half of `MemTotal`, in kB
-/// (`4194304k`); `None` when it has no readable `MemTotal`.
-pub fn size_from_meminfo(meminfo: &str) -> Option<String> {
+/// The tmpfs `size=` value for a node with this `/proc/meminfo`: half of `MemTotal`, in kB,
+/// rounded up to whole pages of `page_kib` KiB (`4194304k`); `None` when it has no readable
+/// `MemTotal`. The kernel sizes a tmpfs in whole pages (mm/shmem.c: `size=` becomes
+/// `DIV_ROUND_UP(size, PAGE_SIZE)` blocks, and mountinfo shows the blocks in kB), so rounding
+/// here makes the size gpu-share prints the one `/proc/self/mountinfo` and `df` show.
+pub fn size_from_meminfo(meminfo: &str, page_kib: u64) -> Option<String> {
     let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
     let mut words = line["MemTotal:".len()..].split_whitespace();
     let kib: u64 = words.next()?.parse().ok()?;
@@ -42,7 +45,17 @@ pub fn size_from_meminfo(meminfo: &str) -> Option<String> {
     if !matches!(words.next(), Some("kB") | None) || kib < 2 {
         return None;
     }
-    Some(format!("{}k", kib / 2))
+    let page = page_kib.max(1);
+    Some(format!("{}k", (kib / 2).div_ceil(page) * page))
+}
+
+/// This machine's page size in KiB (4 on x86-64, 4 or 64 on arm64); 4 if it cannot be read.
+pub fn page_kib() -> u64 {
+    use nix::unistd::{sysconf, SysconfVar};
+    match sysconf(SysconfVar::PAGE_SIZE) {
+        Ok(Some(bytes)) if bytes >= 1024 => bytes as u64 / 1024,
+        _ => 4,
+    }
 }
 
 /// The whole option string, as `/proc/mounts` or mount(8) would show it.
@@ -249,7 +262,7 @@ pub fn mount_shm(root: &Path, proc_root: &Path) -> Result<ShmOutcome, ShmError> 
     let size = fs::read_to_string(proc_root.join("meminfo"))
         .ok()
         .as_deref()
-        .and_then(size_from_meminfo);
+        .and_then(|meminfo| size_from_meminfo(meminfo, page_kib()));
     let sized_by_memory = size.is_some();
     let size = size.unwrap_or_else(|| FALLBACK_SIZE.to_string());
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC | MsFlags::MS_RELATIME;
@@ -317,12 +330,33 @@ not a mountinfo line
     #[test]
     fn size_is_half_of_mem_total_in_kib() {
         let meminfo = "MemTotal:       32740400 kB\nMemFree:         1000000 kB\n";
-        assert_eq!(size_from_meminfo(meminfo).as_deref(), Some("16370200k"));
-        assert_eq!(size_from_meminfo("MemTotal: 3 kB\n").as_deref(), Some("1k"));
-        assert_eq!(size_from_meminfo("MemFree: 100 kB\n"), None);
-        assert_eq!(size_from_meminfo("MemTotal: lots kB\n"), None);
-        assert_eq!(size_from_meminfo("MemTotal: 100 MB\n"), None);
-        assert_eq!(size_from_meminfo(""), None);
+        assert_eq!(size_from_meminfo(meminfo, 4).as_deref(), Some("16370200k"));
+        assert_eq!(
+            size_from_meminfo("MemTotal: 3 kB\n", 1).as_deref(),
+            Some("1k")
+        );
+        assert_eq!(size_from_meminfo("MemFree: 100 kB\n", 4), None);
+        assert_eq!(size_from_meminfo("MemTotal: lots kB\n", 4), None);
+        assert_eq!(size_from_meminfo("MemTotal: 100 MB\n", 4), None);
+        assert_eq!(size_from_meminfo("", 4), None);
+    }
+
+    /// The kernel rounds a tmpfs up to whole pages; seen on a CI machine whose half MemTotal,
+    /// 12341886 kB, was mounted as `size=12341888k`.
+    #[test]
+    fn size_is_rounded_up_to_whole_pages_as_the_kernel_mounts_it() {
+        let meminfo = "MemTotal:       24683772 kB\n";
+        assert_eq!(size_from_meminfo(meminfo, 4).as_deref(), Some("12341888k"));
+        assert_eq!(size_from_meminfo(meminfo, 64).as_deref(), Some("12341888k"));
+        assert_eq!(
+            size_from_meminfo("MemTotal: 24683700 kB\n", 64).as_deref(),
+            Some("12341888k")
+        );
+        assert_eq!(
+            size_from_meminfo("MemTotal: 3 kB\n", 4).as_deref(),
+            Some("4k")
+        );
+        assert!(page_kib() >= 4, "page size {} KiB", page_kib());
     }
 
     #[test]
