@@ -112,26 +112,37 @@ fn page_size_bytes() -> u64 {
         .unwrap()
 }
 
-#[test]
-#[cfg_attr(
-    no_mount_namespace,
-    ignore = "unshare --mount is refused here (needs root): the real tmpfs mount is not exercised"
-)]
-fn without_meminfo_the_size_is_nvidias_fallback() {
+/// `mps mount-shm` once in a mount namespace with a `/proc` of the real `self/` (mountinfo)
+/// and `meminfo` as given (none: no meminfo), then [`INSPECT`]: its output and its lines.
+fn mount_with_meminfo(meminfo: Option<&str>) -> (Output, Vec<String>) {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("mps");
-    // A /proc with the real self/ (mountinfo) and no meminfo.
     let proc = dir.path().join("proc");
     std::fs::create_dir(&proc).unwrap();
     std::os::unix::fs::symlink("/proc/self", proc.join("self")).unwrap();
+    if let Some(meminfo) = meminfo {
+        std::fs::write(proc.join("meminfo"), meminfo).unwrap();
+    }
     let out = in_namespace(&format!(
         r#"set -e; ROOT={root}; "$B" mps mount-shm --mps-root "$ROOT" --proc-root {proc}; {INSPECT}"#,
         root = root.display(),
         proc = proc.display()
     ));
     assert!(out.status.success(), "{}", text(&out));
-    let stdout = String::from_utf8(out.stdout.clone()).unwrap();
-    let lines: Vec<&str> = stdout.lines().collect();
+    let lines = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    (out, lines)
+}
+
+#[test]
+#[cfg_attr(
+    no_mount_namespace,
+    ignore = "unshare --mount is refused here (needs root): the real tmpfs mount is not exercised"
+)]
+fn without_meminfo_the_size_is_nvidias_fallback() {
+    let (out, lines) = mount_with_meminfo(None);
     assert!(
         lines[0].ends_with("size=65536k), the fallback size: MemTotal was not readable"),
         "{}",
@@ -149,21 +160,7 @@ fn without_meminfo_the_size_is_nvidias_fallback() {
     ignore = "unshare --mount is refused here (needs root): the real tmpfs mount is not exercised"
 )]
 fn the_printed_size_is_the_one_the_kernel_mounts_when_half_of_memory_is_not_whole_pages() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("mps");
-    // A /proc with the real self/ (mountinfo) and a meminfo of that machine.
-    let proc = dir.path().join("proc");
-    std::fs::create_dir(&proc).unwrap();
-    std::os::unix::fs::symlink("/proc/self", proc.join("self")).unwrap();
-    std::fs::write(proc.join("meminfo"), "MemTotal:       24683772 kB\n").unwrap();
-    let out = in_namespace(&format!(
-        r#"set -e; ROOT={root}; "$B" mps mount-shm --mps-root "$ROOT" --proc-root {proc}; {INSPECT}"#,
-        root = root.display(),
-        proc = proc.display()
-    ));
-    assert!(out.status.success(), "{}", text(&out));
-    let stdout = String::from_utf8(out.stdout.clone()).unwrap();
-    let lines: Vec<&str> = stdout.lines().collect();
+    let (out, lines) = mount_with_meminfo(Some("MemTotal:       24683772 kB\n"));
     let page_kib = page_size_bytes() / 1024;
     let mounted = 12_341_886_u64.div_ceil(page_kib) * page_kib;
     assert!(
