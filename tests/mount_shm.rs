@@ -93,23 +93,24 @@ fn expected_size() -> String {
         .unwrap()
         .parse()
         .unwrap();
-    // The kernel sizes a tmpfs in whole pages, rounding `size=` up (mm/shmem.c,
-    // shmem_parse_one: DIV_ROUND_UP(size, PAGE_SIZE)), and mountinfo and df show that size.
-    let page_kib = page_size_bytes() / 1024;
-    format!("{}k", (kib / 2).div_ceil(page_kib) * page_kib)
+    format!("{}k", as_the_kernel_mounts(kib / 2))
 }
 
-/// `getconf PAGESIZE`, read apart from gpu-share's own reading of it.
-fn page_size_bytes() -> u64 {
-    let out = std::process::Command::new("getconf")
+/// The size in KiB the kernel gives a tmpfs asked for `kib`: whole pages, rounded up
+/// (mm/shmem.c, shmem_parse_one: DIV_ROUND_UP(size, PAGE_SIZE)); mountinfo and df show it.
+/// The page size is `getconf PAGESIZE`, read apart from gpu-share's own reading of it.
+fn as_the_kernel_mounts(kib: u64) -> u64 {
+    let out = Command::new("getconf")
         .arg("PAGESIZE")
         .output()
         .expect("getconf PAGESIZE");
-    String::from_utf8(out.stdout)
+    let page_bytes: u64 = String::from_utf8(out.stdout)
         .unwrap()
         .trim()
         .parse()
-        .unwrap()
+        .unwrap();
+    let page_kib = page_bytes / 1024;
+    kib.div_ceil(page_kib) * page_kib
 }
 
 /// `mps mount-shm` once in a mount namespace with a `/proc` of the real `self/` (mountinfo)
@@ -161,8 +162,7 @@ fn without_meminfo_the_size_is_nvidias_fallback() {
 )]
 fn the_printed_size_is_the_one_the_kernel_mounts_when_half_of_memory_is_not_whole_pages() {
     let (out, lines) = mount_with_meminfo(Some("MemTotal:       24683772 kB\n"));
-    let page_kib = page_size_bytes() / 1024;
-    let mounted = 12_341_886_u64.div_ceil(page_kib) * page_kib;
+    let mounted = as_the_kernel_mounts(12_341_886);
     assert!(
         lines[0].ends_with(&format!("size={mounted}k), half of MemTotal")),
         "{}",
