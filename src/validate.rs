@@ -146,6 +146,7 @@ fn validate_rule(name: &str, index: usize, rule: &Rule) -> Vec<Problem> {
             let mut messages = time_slicing.map(timeslice::validate).unwrap_or_default();
             messages.extend(mps.map(mps::validate).unwrap_or_default());
             messages.extend(mig_counts_problems(instances));
+            messages.extend(mig_on_a_tegra(&rule.devices));
             if let Some(m) = mps {
                 problems.extend(mps_clients_on_mig(name, index, rule, m.replicas, instances));
             }
@@ -187,6 +188,21 @@ fn dynamic_mig_selects_mig_models(selector: &DeviceSelector) -> Vec<String> {
             )]
         }
         _ => Vec::new(),
+    }
+}
+
+/// A MIG rule whose product selector names a Jetson/Tegra board: its integrated GPU has no
+/// MIG (and no NVML to make instances with), whatever the node.
+fn mig_on_a_tegra(selector: &DeviceSelector) -> Option<String> {
+    match selector {
+        DeviceSelector::Product(product) if crate::gpu::tegra::names_a_tegra(product) => {
+            Some(format!(
+                "MIG is not available on {product}: a Jetson/Tegra integrated GPU has no MIG \
+                 (nor the NVML that makes instances); share it by time-slicing \
+                 (`timeSlicing: {{replicas: N}}`)"
+            ))
+        }
+        _ => None,
     }
 }
 

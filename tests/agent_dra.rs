@@ -25,6 +25,8 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("h100-mps", "h100"),
     ("exclusive", "h100"),
     ("homelab-timeslice", "h100"),
+    // Selects no H100 (its rules pick Jetsons and GeForces): the GPUs are published whole.
+    ("homelab-mixed", "h100"),
     ("a100-40gb-mixed", "h100"),
     ("a100-80gb-single", "h100"),
     ("builtin/h100-mixed-sharing", "h100"),

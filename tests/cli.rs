@@ -32,6 +32,7 @@ const EXAMPLES: &[(&str, &str)] = &[
         "NVIDIA GeForce RTX 3090x2",
     ),
     ("profiles/exclusive.yaml", "h100x2"),
+    ("profiles/homelab-mixed.yaml", "NVIDIA GeForce RTX 3090"),
 ];
 
 #[test]

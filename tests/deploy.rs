@@ -2246,3 +2246,50 @@ fn the_readme_install_kustomization_retargets_every_gpu_share_image() {
         }
     }
 }
+
+/// docs/homelab.md's patch for a k3s whose kubelet has another root directory, rendered by
+/// `kubectl kustomize` over the standalone overlay as the page says: the volumes it names by
+/// index are the kubelet's (pod-resources, device-plugins), and both move.
+#[test]
+#[cfg_attr(
+    no_kubectl,
+    ignore = "kubectl is not installed here: the patch in docs/homelab.md is not rendered"
+)]
+fn the_homelab_k3s_patch_moves_the_kubelet_paths() {
+    let page = std::fs::read_to_string(root().join("docs/homelab.md")).unwrap();
+    let start = "```yaml\n# my-homelab/kustomization.yaml\n";
+    let block = page
+        .split(start)
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("docs/homelab.md has the my-homelab kustomization");
+    // Laid out as the page says: my-homelab/ beside a gpu-share checkout (kustomize takes
+    // no absolute path to a base), the block written verbatim.
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(root(), dir.path().join("gpu-share")).unwrap();
+    let overlay = dir.path().join("my-homelab");
+    std::fs::create_dir(&overlay).unwrap();
+    std::fs::write(overlay.join("kustomization.yaml"), block).unwrap();
+    let rendered = kubectl_kustomize(&overlay);
+    let daemonset = rendered
+        .values()
+        .find(|o| o["kind"] == "DaemonSet")
+        .expect("a DaemonSet");
+    let volumes = daemonset["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap();
+    let path_of = |name: &str| {
+        volumes
+            .iter()
+            .find(|v| v["name"] == name)
+            .map(|v| v["hostPath"]["path"].clone())
+    };
+    assert_eq!(
+        path_of("pod-resources"),
+        Some("/var/lib/rancher/k3s/agent/kubelet/pod-resources".into())
+    );
+    assert_eq!(
+        path_of("device-plugins"),
+        Some("/var/lib/rancher/k3s/agent/kubelet/device-plugins".into())
+    );
+}

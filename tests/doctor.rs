@@ -833,3 +833,39 @@ fn a_device_plugin_node_warns_when_gpu_shares_dra_plugin_is_registered() {
     let (r, _) = node.doctor(&["--dra-registration-dir", "/nonexistent"]);
     assert_eq!(r.status("device-plugin"), "ok", "{}", r.0);
 }
+
+/// A k3s node: containerd's config is the one k3s generates under /var/lib/rancher (found
+/// without --containerd-config), with the `nvidia` runtime k3s added but runc the default.
+/// The fixes name k3s's own ways (`--default-runtime nvidia`, a restart), never an edit of the
+/// file k3s rewrites at every start.
+#[test]
+fn a_k3s_node_is_read_where_k3s_keeps_containerd_and_told_k3s_fixes() {
+    const K3S_CONFIG: &str = "var/lib/rancher/k3s/agent/etc/containerd/config.toml";
+    let node = Node::healthy(h100x2(), &["nvidia-gpu.sock"]);
+    node.remove("etc/containerd/config.toml");
+    node.copy("containerd-k3s-nvidia.toml", K3S_CONFIG);
+    let (r, code) = node.doctor(&[]);
+    assert_eq!(code, 0, "{}", r.0);
+    assert_eq!(r.status("container-runtime"), "warn", "{}", r.0);
+    let said = r.said("container-runtime");
+    assert!(
+        said.contains("rancher/k3s") && said.contains("nvidia →"),
+        "{said}"
+    );
+    assert!(said.contains("--default-runtime nvidia"), "{said}");
+    assert!(!said.contains("nvidia-ctk runtime configure"), "{said}");
+
+    // k3s started before the toolkit was installed: no `nvidia` runtime in its config.
+    node.file(
+        K3S_CONFIG,
+        "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  \
+         runtime_type = \"io.containerd.runc.v2\"\n",
+    );
+    let r = node.fails_at("container-runtime", &[]);
+    let said = r.said("container-runtime");
+    assert!(
+        said.contains("restart k3s") && said.contains("config.toml.tmpl"),
+        "{said}"
+    );
+    assert!(!said.contains("nvidia-ctk runtime configure"), "{said}");
+}

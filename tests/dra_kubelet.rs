@@ -153,7 +153,7 @@ impl Node {
                 faults: self.faults.clone(),
                 // No fake NVML here: no dynamic-MIG device is published, so none is called.
                 dynamic_mig: DynamicMig {
-                    gpus: SharedGpus::new(None),
+                    gpus: SharedGpus::new(None, "/".into()),
                     journal: SharedMigJournal::new(&self.settings.plugin_dir),
                     republish: Default::default(),
                 },

@@ -31,7 +31,7 @@ fn one_init_for_many_uses_and_a_fresh_session_after_an_error() {
     std::env::set_var("FAKE_NVML_STATE", &state);
     std::env::set_var("FAKE_NVML_FAIL", "nvmlInit_v2:3:UNKNOWN");
     let _pin = Gpus::open(Some(&cdylib_path())).unwrap();
-    let session = SharedGpus::new(Some(cdylib_path()));
+    let session = SharedGpus::new(Some(cdylib_path()), "/".into());
 
     // Many uses, one init (init 2): another init would have failed.
     for _ in 0..5 {

@@ -129,7 +129,9 @@ pub struct AgentArgs {
     /// /healthz, /readyz and /metrics.
     #[arg(long, env = "GPU_SHARE_LISTEN", default_value = "0.0.0.0:9464")]
     pub listen: SocketAddr,
-    /// The host's root as mounted in the pod, for the start-up driver and NVML checks.
+    /// The host's root as mounted in the pod, for the start-up driver and NVML checks and, on
+    /// a Jetson/Tegra without NVML, the files that identify its GPU (etc/nv_tegra_release,
+    /// sys/devices/soc0/family, the device tree).
     #[arg(long, env = "GPU_SHARE_HOST_ROOT", default_value = "/")]
     pub host_root: PathBuf,
     /// Which device plugin advertises the GPUs: `nvidia` (the stock plugin, through

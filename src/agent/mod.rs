@@ -14,6 +14,7 @@ pub mod devices_in_use;
 mod dra;
 pub mod drain;
 pub mod events;
+pub mod found_gpus;
 mod heap;
 pub mod http;
 pub mod lease;
@@ -143,13 +144,22 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         &args.cdi_annotation_prefix,
     )
     .map_err(anyhow::Error::msg)?;
-    let gpus = SharedGpus::new(args.nvml_lib.clone());
-    let faults = device_health::start(
-        args.nvml_lib.clone(),
-        recorder.clone(),
-        node_ref.clone(),
-        metrics.clone(),
-    );
+    let gpus = SharedGpus::new(args.nvml_lib.clone(), args.host_root.clone());
+    let faults = match gpus.tegra() {
+        // XIDs come through NVML, which a Tegra lacks: nothing to watch, and a watch would
+        // only retry loading NVML every 30 s.
+        Some(board) => {
+            info!(board = %board.describe(), "Jetson/Tegra integrated GPU found without NVML: \
+                  no XID health watch");
+            crate::gpu::xid::Faults::default()
+        }
+        None => device_health::start(
+            args.nvml_lib.clone(),
+            recorder.clone(),
+            node_ref.clone(),
+            metrics.clone(),
+        ),
+    };
     // --plugin dra: the applied devices (sent after each apply) the kubelet plugin prepares
     // claims from, beside the published slices (`dra.subscribe()`).
     let dra_devices = watch::channel(Arc::new(Inventory::default()));

@@ -98,6 +98,29 @@ struct NvmlArgs {
     nvml_lib: Option<PathBuf>,
 }
 
+/// How a command on the node reaches its GPUs: NVML, or on a Jetson/Tegra without NVML the
+/// files under the host's root (the agent's `--host-root`).
+#[derive(Args, Debug)]
+struct NodeGpuArgs {
+    #[command(flatten)]
+    nvml: NvmlArgs,
+    /// The host's root: where a Jetson/Tegra's files (etc/nv_tegra_release,
+    /// sys/devices/soc0/family, the device tree) are read when NVML does not load.
+    #[arg(
+        long,
+        env = "GPU_SHARE_HOST_ROOT",
+        value_name = "DIR",
+        default_value = "/"
+    )]
+    host_root: PathBuf,
+}
+
+impl NodeGpuArgs {
+    fn open(&self) -> Result<Gpus, crate::gpu::GpuError> {
+        Gpus::open_node(self.nvml.nvml_lib.as_deref(), &self.host_root)
+    }
+}
+
 #[derive(Args, Debug)]
 struct ApplyArgs {
     /// The profile: a profile file, or a ConfigMap file (then pick the key with --key).
@@ -127,7 +150,7 @@ struct ApplyArgs {
     #[command(flatten)]
     mps: MpsArgs,
     #[command(flatten)]
-    nvml: NvmlArgs,
+    nvml: NodeGpuArgs,
     #[command(flatten)]
     out: OutputArgs,
 }
@@ -207,7 +230,7 @@ struct PluginKindArgs {
 #[derive(Args, Debug)]
 struct StatusArgs {
     #[command(flatten)]
-    nvml: NvmlArgs,
+    nvml: NodeGpuArgs,
     #[command(flatten)]
     out: OutputArgs,
 }
@@ -259,9 +282,9 @@ struct PlanArgs {
     /// An observed node state (YAML or JSON, as `gpu-share status --output json` prints it).
     #[arg(long)]
     current: Option<PathBuf>,
-    /// Without --gpu or --current: the NVML library that reads this node's GPUs.
+    /// Without --gpu or --current: how this node's GPUs are read.
     #[command(flatten)]
-    nvml: NvmlArgs,
+    nvml: NodeGpuArgs,
     /// The device plugin's current config file, to show what would change in it.
     #[arg(long, env = "GPU_SHARE_PLUGIN_CONFIG")]
     plugin_config: Option<PathBuf>,
@@ -410,7 +433,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Status(args) => {
-            let gpus = Gpus::open(args.nvml.nvml_lib.as_deref())?;
+            let gpus = args.nvml.open()?;
             let node = gpus.observe()?;
             emit(args.out.output, &node, render::status)?;
             Ok(ExitCode::SUCCESS)
@@ -436,7 +459,7 @@ fn run_apply(args: &ApplyArgs) -> Result<ExitCode> {
     if args.plugin_kind.plugin == PluginKind::Dra {
         bail!("{}", crate::dra::APPLY_NEEDS_AGENT);
     }
-    let gpus = Gpus::open(args.nvml.nvml_lib.as_deref())?;
+    let gpus = args.nvml.open()?;
     let opts = ApplyOptions {
         state_dir: args.state_dir.clone(),
         force: args.force,
@@ -598,8 +621,8 @@ fn plan_verdicts(
 /// `plan` with neither `--gpu` nor `--current`: the GPUs of the node it runs on, read through
 /// NVML as `status` reads them (nothing is changed). A node without a driver gets the two ways
 /// to plan without one, rather than only NVML's load error.
-fn observe_this_node(nvml: &NvmlArgs) -> Result<ObservedNode> {
-    let observed = Gpus::open(nvml.nvml_lib.as_deref()).and_then(|gpus| gpus.observe());
+fn observe_this_node(gpus: &NodeGpuArgs) -> Result<ObservedNode> {
+    let observed = gpus.open().and_then(|gpus| gpus.observe());
     observed.map_err(|e| {
         anyhow::Error::new(e).context(
             "plan reads this node's GPUs when neither --gpu nor --current is given, and cannot: \

@@ -424,6 +424,22 @@ pub(super) fn status(node: &ObservedNode) -> String {
 }
 
 fn gpu_status(out: &mut String, gpu: &ObservedGpu) {
+    if let Some(board) = &gpu.tegra {
+        let _ = writeln!(
+            out,
+            "GPU {}  {}  Jetson/Tegra integrated GPU ({}), found without NVML: time-slicing only \
+             (no MIG, no MPS)",
+            gpu.index,
+            gpu.product,
+            [&board.release, &board.soc]
+                .into_iter()
+                .flatten()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+        return;
+    }
     let mig = match gpu.mig {
         None => "MIG not supported".to_string(),
         Some(m) if m.current == m.pending => format!("MIG {}", on_off(m.current)),

@@ -7,39 +7,23 @@ use std::io::ErrorKind;
 use std::path::Path;
 
 use super::{Check, Ctx, DriverVersion, Facts};
+use crate::gpu::tegra::{self, Tegra, TegraFiles};
 
 const NAME: &str = "driver";
-
-/// What identifies a Jetson/Tegra board.
-#[derive(Debug, Clone, Default)]
-pub(super) struct Tegra {
-    /// `L4T R36.4.0`, from `/etc/nv_tegra_release`.
-    pub release: Option<String>,
-    /// The SoC's `nvidia,tegra…` entry of the device tree's `compatible`.
-    pub soc: Option<String>,
-    /// The device tree's `model`, e.g. `NVIDIA Jetson AGX Orin Developer Kit`.
-    pub model: Option<String>,
-}
-
-impl Tegra {
-    pub fn describe(&self) -> String {
-        [&self.model, &self.release, &self.soc]
-            .into_iter()
-            .flatten()
-            .cloned()
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
 
 pub(super) fn check(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
     let path = &ctx.paths.driver_version;
     let text = match fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == ErrorKind::NotFound => {
-            return match detect_tegra(ctx) {
-                Some(tegra) => tegra_check(tegra, facts),
-                None => Check::failed(
+            return match tegra::detect(&tegra_files(ctx)) {
+                Ok(Some(tegra)) => tegra_check(tegra, facts),
+                Err(e) => Check::failed(
+                    NAME,
+                    e.to_string(),
+                    "a Jetson/Tegra is known by /etc/nv_tegra_release,                      /sys/devices/soc0/family and the device tree; make them readable and                      consistent (or point --tegra-release / --device-tree at the right files)",
+                ),
+                Ok(None) => Check::failed(
                     NAME,
                     format!(
                         "no NVIDIA kernel module loaded: {} does not exist",
@@ -154,44 +138,13 @@ fn device_nodes(dev: &Path) -> DeviceNodes {
     }
 }
 
-/// A Jetson/Tegra: an L4T release file, or a device tree compatible with `nvidia,tegra…`.
-fn detect_tegra(ctx: &Ctx<'_>) -> Option<Tegra> {
-    let release = fs::read_to_string(&ctx.paths.tegra_release)
-        .ok()
-        .map(|t| parse_l4t_release(&t).unwrap_or_else(|| "L4T (release unknown)".into()));
-    let dt = &ctx.paths.device_tree;
-    let soc = fs::read(dt.join("compatible")).ok().and_then(|bytes| {
-        bytes
-            .split(|b| *b == 0)
-            .filter_map(|s| std::str::from_utf8(s).ok())
-            .find(|s| s.starts_with("nvidia,tegra"))
-            .map(str::to_string)
-    });
-    if release.is_none() && soc.is_none() {
-        return None;
+/// Where the doctor looks for a Tegra's files: its own path options, the rest under the root.
+fn tegra_files(ctx: &Ctx<'_>) -> TegraFiles {
+    TegraFiles {
+        release: ctx.paths.tegra_release.clone(),
+        device_trees: vec![ctx.paths.device_tree.clone()],
+        ..TegraFiles::under(&ctx.paths.root)
     }
-    let model = fs::read(dt.join("model")).ok().and_then(|bytes| {
-        let s = String::from_utf8_lossy(&bytes)
-            .trim_end_matches('\0')
-            .trim()
-            .to_string();
-        (!s.is_empty()).then_some(s)
-    });
-    Some(Tegra {
-        release,
-        soc,
-        model,
-    })
-}
-
-/// `# R36 (release), REVISION: 4.0, GCID: …` → `L4T R36.4.0`.
-fn parse_l4t_release(text: &str) -> Option<String> {
-    let line = text.lines().find(|l| l.contains("REVISION"))?;
-    let major = line.split_whitespace().find(|w| {
-        w.starts_with('R') && w[1..].bytes().all(|b| b.is_ascii_digit()) && w.len() > 1
-    })?;
-    let revision = line.split("REVISION:").nth(1)?.split(',').next()?.trim();
-    Some(format!("L4T {major}.{revision}"))
 }
 
 fn tegra_check(tegra: Tegra, facts: &mut Facts) -> Check {
@@ -224,17 +177,5 @@ mod tests {
         .unwrap();
         assert_eq!((v.to_string(), open), ("570.124.06".into(), true));
         assert!(parse_module_version("garbage\n").is_none());
-    }
-
-    #[test]
-    fn reads_the_l4t_release() {
-        assert_eq!(
-            parse_l4t_release(
-                "# R36 (release), REVISION: 4.0, GCID: 37537400, BOARD: generic, EABI: aarch64, DATE: Fri Sep 13 04:36:44 UTC 2024\n"
-            )
-            .as_deref(),
-            Some("L4T R36.4.0")
-        );
-        assert_eq!(parse_l4t_release("nothing"), None);
     }
 }

@@ -163,7 +163,7 @@ struct Facts {
     /// The kernel module's version (`/proc/driver/nvidia/version`).
     kernel: Option<DriverVersion>,
     /// Set when the node is a Jetson/Tegra with an integrated GPU and no NVML.
-    tegra: Option<driver::Tegra>,
+    tegra: Option<crate::gpu::Tegra>,
     /// The driver version NVML reports.
     nvml_driver: Option<DriverVersion>,
     /// The newest CUDA version the driver supports, as NVML reports it.

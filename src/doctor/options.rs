@@ -58,8 +58,9 @@ pub struct DoctorOptions {
     /// The device tree, for Tegra's `compatible` and `model` [default: /proc/device-tree].
     #[arg(long, value_name = "DIR", help_heading = "Paths")]
     pub device_tree: Option<PathBuf>,
-    /// containerd's config; its `imports` and conf.d drop-ins are read too
-    /// [default: /etc/containerd/config.toml; k3s: /var/lib/rancher/k3s/agent/etc/containerd/config.toml].
+    /// containerd's config; its `imports` and conf.d drop-ins are read too [default:
+    /// /etc/containerd/config.toml, or where it is missing and k3s's or RKE2's embedded
+    /// containerd runs, /var/lib/rancher/{k3s,rke2}/agent/etc/containerd/config.toml].
     #[arg(long, value_name = "FILE", help_heading = "Paths")]
     pub containerd_config: Option<PathBuf>,
     /// Where CDI specs are (the agent's --cdi-root); repeat for several
@@ -152,7 +153,10 @@ impl Paths {
             dev: pick(&o.dev_dir, "/dev"),
             tegra_release: pick(&o.tegra_release, "/etc/nv_tegra_release"),
             device_tree: pick(&o.device_tree, "/proc/device-tree"),
-            containerd_config: pick(&o.containerd_config, "/etc/containerd/config.toml"),
+            containerd_config: o
+                .containerd_config
+                .clone()
+                .unwrap_or_else(|| containerd_config_under(&root)),
             cdi_dirs: if o.cdi_roots.is_empty() {
                 vec![
                     under(&root, Path::new("/etc/cdi")),
@@ -182,6 +186,36 @@ impl Paths {
 }
 
 /// `path` (absolute, as the host sees it) inside `root`.
+/// Where k3s and RKE2 write the config of the containerd they embed (regenerated at each start
+/// from their own template; docs.k3s.io, "Advanced Options": "Configuring containerd").
+pub(super) const EMBEDDED_CONTAINERD_CONFIGS: [&str; 2] = [
+    "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
+    "/var/lib/rancher/rke2/agent/etc/containerd/config.toml",
+];
+
+/// containerd's config under `root`: the system's, or where it is missing the first of k3s's
+/// and RKE2's that exists, so `doctor` on a k3s node needs no `--containerd-config`.
+fn containerd_config_under(root: &Path) -> PathBuf {
+    let system = under(root, Path::new("/etc/containerd/config.toml"));
+    if system.exists() {
+        return system;
+    }
+    EMBEDDED_CONTAINERD_CONFIGS
+        .iter()
+        .map(|p| under(root, Path::new(p)))
+        .find(|p| p.exists())
+        .unwrap_or(system)
+}
+
+/// Whether `config` is one k3s or RKE2 generates, which `nvidia-ctk runtime configure` must not
+/// edit (the next start overwrites it).
+pub(super) fn is_embedded_containerd(config: &Path) -> bool {
+    let text = config.to_string_lossy();
+    EMBEDDED_CONTAINERD_CONFIGS
+        .iter()
+        .any(|p| text.ends_with(p))
+}
+
 pub(super) fn under(root: &Path, path: &Path) -> PathBuf {
     root.join(path.strip_prefix("/").unwrap_or(path))
 }

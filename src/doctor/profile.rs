@@ -37,13 +37,7 @@ pub(super) fn check(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
     let node = match (&facts.node, &facts.tegra) {
         (Some(node), _) => node.clone(),
         (None, Some(tegra)) => ObservedNode {
-            gpus: vec![ObservedGpu::simulated(
-                0,
-                tegra
-                    .model
-                    .as_deref()
-                    .unwrap_or("NVIDIA Tegra integrated GPU"),
-            )],
+            gpus: vec![ObservedGpu::tegra(tegra)],
         },
         (None, None) => return Check::skip(NAME, "not checked: no GPU was observed"),
     };

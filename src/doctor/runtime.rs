@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use super::cdi::read_cdi;
 use super::containerd::{read_containerd, Containerd, Runtime};
+use super::options::is_embedded_containerd;
 use super::{find_program, Check, Ctx, Facts};
 
 const NAME: &str = "container-runtime";
@@ -16,8 +17,22 @@ const NAME: &str = "container-runtime";
 const CONFIGURE: &str = "`sudo nvidia-ctk runtime configure --runtime=containerd && sudo \
      systemctl restart containerd` (from nvidia-container-toolkit)";
 
+/// The same on k3s/RKE2, whose embedded containerd's config is regenerated at every start: k3s
+/// adds the `nvidia` runtime itself when it finds nvidia-container-runtime then (docs.k3s.io,
+/// "Advanced Options": "NVIDIA Container Runtime Support").
+const CONFIGURE_K3S: &str = "install nvidia-container-toolkit (nvidia-container-runtime in \
+     /usr/bin or /usr/local/nvidia/toolkit), then restart k3s (`sudo systemctl restart k3s`, or \
+     k3s-agent on an agent node; rke2-server/rke2-agent on RKE2): it adds the `nvidia` runtime \
+     itself at start. Do not edit its config.toml, which it rewrites at every start \
+     (changes go in config.toml.tmpl beside it)";
+
 pub(super) fn check(ctx: &Ctx<'_>, _facts: &mut Facts) -> Check {
     let config = &ctx.paths.containerd_config;
+    let configure = if is_embedded_containerd(config) {
+        CONFIGURE_K3S
+    } else {
+        CONFIGURE
+    };
     let containerd = read_containerd(&ctx.paths.root, config);
     let cdi = read_cdi(&ctx.paths.cdi_dirs);
     let nvidia: Vec<&Runtime> = containerd
@@ -85,7 +100,13 @@ pub(super) fn check(ctx: &Ctx<'_>, _facts: &mut Facts) -> Check {
         check.warn(u.clone(), "correct or remove the file");
     }
     if nvidia.is_empty() {
-        judge_no_runtime(&containerd, !cdi.specs.is_empty(), config, &mut check);
+        judge_no_runtime(
+            &containerd,
+            !cdi.specs.is_empty(),
+            config,
+            configure,
+            &mut check,
+        );
         return check;
     }
     for r in &nvidia {
@@ -108,19 +129,34 @@ pub(super) fn check(ctx: &Ctx<'_>, _facts: &mut Facts) -> Check {
         .as_ref()
         .is_some_and(|(d, _)| nvidia.iter().any(|r| &r.name == d));
     if !default_is_nvidia {
+        let fix = if is_embedded_containerd(config) {
+            "on k3s keep runtimeClassName: nvidia on GPU pods (gpu-share's and the device \
+             plugin's pods have it; k3s v1.29+ creates the RuntimeClass `nvidia`, older ones \
+             need it applied: handler nvidia), or make it the node's default by starting k3s \
+             with `--default-runtime nvidia` (k3s server/agent flag, or `default-runtime: \
+             nvidia` in /etc/rancher/k3s/config.yaml) and restarting it"
+        } else {
+            "make it the default (`sudo nvidia-ctk runtime configure --runtime=containerd \
+             --set-as-default && sudo systemctl restart containerd`), or create a RuntimeClass \
+             `nvidia` (handler: nvidia) and set runtimeClassName: nvidia on GPU pods"
+        };
         check.warn(
             "the NVIDIA runtime is not containerd's default: only pods with its \
              runtimeClassName get GPUs (the device plugin's pod too)",
-            "make it the default (`sudo nvidia-ctk runtime configure --runtime=containerd \
-             --set-as-default && sudo systemctl restart containerd`), or create a RuntimeClass \
-             `nvidia` (handler: nvidia) and set runtimeClassName: nvidia on GPU pods",
+            fix,
         );
     }
     check
 }
 
 /// No NVIDIA runtime in containerd's config: say why as precisely as the files allow.
-fn judge_no_runtime(containerd: &Containerd, has_cdi: bool, config: &Path, check: &mut Check) {
+fn judge_no_runtime(
+    containerd: &Containerd,
+    has_cdi: bool,
+    config: &Path,
+    configure: &str,
+    check: &mut Check,
+) {
     let nvidia_elsewhere: Vec<&PathBuf> = containerd
         .not_imported
         .iter()
@@ -141,7 +177,7 @@ fn judge_no_runtime(containerd: &Containerd, has_cdi: bool, config: &Path, check
             ),
             format!(
                 "add `imports = [\"/etc/containerd/conf.d/*.toml\"]` at the top of {} and \
-                 restart containerd (or rerun {CONFIGURE})",
+                 restart containerd (or configure it again: {configure})",
                 config.display()
             ),
         );
@@ -153,20 +189,20 @@ fn judge_no_runtime(containerd: &Containerd, has_cdi: bool, config: &Path, check
                 broken[0].name,
                 broken[0].file.display()
             ),
-            format!("rerun {CONFIGURE}"),
+            format!("configure it again: {configure}"),
         );
     } else if has_cdi {
         check.warn(
             "no NVIDIA runtime in containerd, only CDI specs: GPUs reach containers only if \
              containerd has CDI enabled (enable_cdi = true; the default in containerd 2.x) and \
              the device plugin uses deviceListStrategy cdi-cri",
-            format!("configure the runtime as well: {CONFIGURE}"),
+            format!("configure the runtime as well: {configure}"),
         );
     } else {
         check.fail(
             "containers cannot get GPUs: no NVIDIA container runtime and no CDI spec",
             format!(
-                "{CONFIGURE}; for CDI also `sudo nvidia-ctk cdi generate \
+                "{configure}; for CDI also `sudo nvidia-ctk cdi generate \
                  --output=/var/run/cdi/nvidia.yaml`"
             ),
         );

@@ -9,6 +9,7 @@
 
 mod observed;
 pub mod raw;
+pub mod tegra;
 pub mod xid;
 
 use std::ffi::OsStr;
@@ -22,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::mig::{catalog, ExistingInstance, GpuInstanceProfile, GpuModel, Placement};
 pub use observed::{MigDevice, MigMode, ObservedGpu, ObservedNode, MAX_SIMULATED_GPUS};
 pub use raw::NvmlCallError;
+pub use tegra::Tegra;
 
 /// `NVML_GPU_INSTANCE_PROFILE_COUNT` in the NVML 13 header nvml-wrapper-sys 0.10 binds.
 const GPU_INSTANCE_PROFILE_COUNT: u32 = 17;
@@ -48,6 +50,10 @@ pub enum GpuError {
     UnknownModel { index: u32, product: String },
     #[error("GPU {index}: no GPU instance with id {gi_id}")]
     NoSuchInstance { index: u32, gi_id: u32 },
+    #[error("cannot {what} on a Jetson/Tegra integrated GPU ({board}): it has no NVML, so no MIG and no compute modes; share it by time-slicing")]
+    Tegra { what: &'static str, board: String },
+    #[error(transparent)]
+    TegraFiles(#[from] tegra::TegraError),
 }
 
 /// What went wrong loading the library: libloading's own words (`…: cannot open shared object
@@ -170,8 +176,17 @@ pub enum MigModeOutcome {
     Pending { activation_status: u32 },
 }
 
+/// The node's GPUs, as the door reaches them: through NVML, or, on a Jetson/Tegra without
+/// NVML, from the system's files ([`tegra`]). Reads work on both; MIG and compute-mode changes
+/// only through NVML (a Tegra has neither: [`GpuError::Tegra`]).
+pub enum Gpus {
+    /// Boxed: nvml-wrapper's function table is 12 KB, a Tegra's names a few strings.
+    Nvml(Box<NvmlGpus>),
+    Tegra(Tegra),
+}
+
 /// An open NVML library.
-pub struct Gpus {
+pub struct NvmlGpus {
     nvml: Nvml,
 }
 
@@ -184,6 +199,8 @@ pub struct Gpus {
 #[derive(Clone)]
 pub struct SharedGpus {
     library: Option<PathBuf>,
+    /// The host's root as this process sees it, where a Tegra's files are looked for.
+    host_root: PathBuf,
     open: Arc<Mutex<Option<Arc<Gpus>>>>,
 }
 
@@ -198,9 +215,10 @@ impl std::fmt::Debug for SharedGpus {
 
 impl SharedGpus {
     /// Nothing is loaded until the first [`SharedGpus::with`].
-    pub fn new(library: Option<PathBuf>) -> Self {
+    pub fn new(library: Option<PathBuf>, host_root: PathBuf) -> Self {
         SharedGpus {
             library,
+            host_root,
             open: Arc::default(),
         }
     }
@@ -218,12 +236,18 @@ impl SharedGpus {
         result
     }
 
+    /// The Jetson/Tegra these GPUs are, when they were found that way (opening the session if
+    /// needed); `None` when NVML serves them or nothing could be opened.
+    pub fn tegra(&self) -> Option<Tegra> {
+        self.session().ok()?.tegra().cloned()
+    }
+
     fn session(&self) -> Result<Arc<Gpus>, GpuError> {
         let mut open = self.lock();
         if let Some(gpus) = &*open {
             return Ok(gpus.clone());
         }
-        let gpus = Arc::new(Gpus::open(self.library.as_deref())?);
+        let gpus = Arc::new(Gpus::open_node(self.library.as_deref(), &self.host_root)?);
         *open = Some(gpus.clone());
         Ok(gpus)
     }
@@ -235,8 +259,122 @@ impl SharedGpus {
 }
 
 impl Gpus {
-    /// Load NVML from `library` (a path, or the system's `libnvidia-ml.so.1`) and initialise it.
+    /// The GPUs of the node whose root is `host_root`: NVML from `library` (a path, or the
+    /// system's `libnvidia-ml.so.1`) when it loads; when it does not and the Tegra files under
+    /// `host_root` say this is a Jetson/Tegra, its one integrated GPU (what NVIDIA's device
+    /// plugin decides the same way: Tegra files and no NVML). Otherwise NVML's load error.
+    pub fn open_node(library: Option<&Path>, host_root: &Path) -> Result<Gpus, GpuError> {
+        match NvmlGpus::open(library) {
+            Ok(nvml) => Ok(Gpus::Nvml(Box::new(nvml))),
+            Err(load @ GpuError::Load { .. }) => {
+                match tegra::detect(&tegra::TegraFiles::under(host_root))? {
+                    Some(found) => Ok(Gpus::Tegra(found)),
+                    None => Err(load),
+                }
+            }
+            Err(other) => Err(other),
+        }
+    }
+
+    /// NVML alone, for what only NVML can do (the doctor's NVML layer, the XID watch).
     pub fn open(library: Option<&Path>) -> Result<Gpus, GpuError> {
+        NvmlGpus::open(library).map(|n| Gpus::Nvml(Box::new(n)))
+    }
+
+    /// The Jetson/Tegra these GPUs are, if they are one.
+    pub fn tegra(&self) -> Option<&Tegra> {
+        match self {
+            Gpus::Tegra(t) => Some(t),
+            Gpus::Nvml(_) => None,
+        }
+    }
+
+    /// NVML, or why a Tegra cannot do `what`.
+    fn nvml(&self, what: &'static str) -> Result<&NvmlGpus, GpuError> {
+        match self {
+            Gpus::Nvml(n) => Ok(n),
+            Gpus::Tegra(t) => Err(GpuError::Tegra {
+                what,
+                board: t.describe(),
+            }),
+        }
+    }
+
+    /// The driver version NVML reports; a Tegra's L4T release.
+    pub fn driver_version(&self) -> Option<String> {
+        match self {
+            Gpus::Nvml(n) => n.driver_version(),
+            Gpus::Tegra(t) => t.release.clone(),
+        }
+    }
+
+    /// The newest CUDA version the driver supports, as NVML reports it (none on a Tegra).
+    pub fn cuda_driver_version(&self) -> Option<i32> {
+        self.nvml("").ok()?.cuda_driver_version()
+    }
+
+    /// The product name of GPU `index`.
+    pub fn observe_product(&self, index: u32) -> Result<String, GpuError> {
+        match self {
+            Gpus::Nvml(n) => n.observe_product(index),
+            Gpus::Tegra(t) => Ok(t.product()),
+        }
+    }
+
+    /// Every GPU: identity, MIG mode, GPU and compute instances, MIG device UUIDs, processes.
+    /// A Tegra has one GPU, index 0, without MIG, compute mode or process list.
+    pub fn observe(&self) -> Result<ObservedNode, GpuError> {
+        match self {
+            Gpus::Nvml(n) => n.observe(),
+            Gpus::Tegra(t) => Ok(ObservedNode {
+                gpus: vec![ObservedGpu::tegra(t)],
+            }),
+        }
+    }
+
+    /// See [`NvmlGpus::set_mig_mode`].
+    pub fn set_mig_mode(&self, index: u32, enable: bool) -> Result<MigModeOutcome, GpuError> {
+        self.nvml("change MIG mode")?.set_mig_mode(index, enable)
+    }
+
+    /// See [`NvmlGpus::set_compute_mode`].
+    pub fn set_compute_mode(&self, index: u32, mode: ComputeMode) -> Result<(), GpuError> {
+        self.nvml("set a compute mode")?
+            .set_compute_mode(index, mode)
+    }
+
+    /// See [`NvmlGpus::create_instance`].
+    pub fn create_instance(
+        &self,
+        index: u32,
+        profile: &GpuInstanceProfile,
+        placement: Placement,
+    ) -> Result<u32, GpuError> {
+        self.nvml("create a MIG instance")?
+            .create_instance(index, profile, placement)
+    }
+
+    /// See [`NvmlGpus::complete_instance`].
+    pub fn complete_instance(
+        &self,
+        index: u32,
+        gi_id: u32,
+        profile: &GpuInstanceProfile,
+    ) -> Result<(), GpuError> {
+        self.nvml("create a MIG compute instance")?
+            .complete_instance(index, gi_id, profile)
+    }
+
+    /// See [`NvmlGpus::destroy_instance`].
+    pub fn destroy_instance(&self, index: u32, gi_id: u32) -> Result<(), GpuError> {
+        self.nvml("destroy a MIG instance")?
+            .destroy_instance(index, gi_id)
+    }
+}
+
+impl NvmlGpus {
+    /// Load NVML from `library` (a path, or the system's `libnvidia-ml.so.1`) and initialise it.
+    pub fn open(library: Option<&Path>) -> Result<NvmlGpus, GpuError> {
         let path = library.map_or_else(|| OsStr::new(DEFAULT_LIBRARY), Path::as_os_str);
         let nvml = Nvml::builder()
             .lib_path(path)
@@ -245,7 +383,7 @@ impl Gpus {
                 library: path.to_string_lossy().into_owned(),
                 cause,
             })?;
-        Ok(Gpus { nvml })
+        Ok(NvmlGpus { nvml })
     }
 
     /// The driver version NVML reports.
@@ -321,6 +459,7 @@ impl Gpus {
             instances: Vec::new(),
             compute_instances: Vec::new(),
             processes: Vec::new(),
+            tegra: None,
         };
         if mig.is_some_and(|m| m.current) {
             self.observe_mig(&dev, &mut gpu)?;

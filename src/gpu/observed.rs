@@ -4,7 +4,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{ComputeMode, GpuProcess, ObservedComputeInstance};
+use super::{ComputeMode, GpuProcess, ObservedComputeInstance, Tegra};
 use crate::mig::{catalog, ExistingInstance};
 
 /// Every GPU on one node.
@@ -45,6 +45,10 @@ pub struct ObservedGpu {
     /// Processes with a CUDA context, with their GPU/compute instance under MIG.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub processes: Vec<GpuProcess>,
+    /// Set when this is a Jetson/Tegra's integrated GPU, known from the system's files (no
+    /// NVML): it can be time-sliced, never partitioned (MIG) or shared through MPS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tegra: Option<Tegra>,
 }
 
 /// A MIG device as NVML shows it.
@@ -81,6 +85,17 @@ impl ObservedGpu {
             instances: Vec::new(),
             compute_instances: Vec::new(),
             processes: Vec::new(),
+            tegra: None,
+        }
+    }
+
+    /// A Jetson/Tegra's one integrated GPU: index 0 (NVIDIA's device plugin serves it as the
+    /// one device `tegra`), named by the board's model, without MIG, memory of its own or
+    /// compute mode.
+    pub fn tegra(board: &Tegra) -> Self {
+        ObservedGpu {
+            tegra: Some(board.clone()),
+            ..ObservedGpu::simulated(0, &board.product())
         }
     }
 

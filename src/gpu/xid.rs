@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::raw::{mig_device_ids, wait_event, RawEvent};
-use super::{GpuError, Gpus, ObservedNode};
+use super::{GpuError, NvmlGpus, ObservedNode};
 
 /// XIDs caused by the application rather than the device, which NVIDIA's plugin does not count
 /// against a device's health: 13 graphics engine exception, 31 GPU memory page fault, 43 GPU
@@ -157,7 +157,7 @@ fn watch_session(
     faults: &Faults,
     on_fault: &impl Fn(Fault),
 ) -> Result<(), GpuError> {
-    let gpus = Gpus::open(library)?;
+    let gpus = NvmlGpus::open(library)?;
     let nvml = &gpus.nvml;
     let wrap = |what: &'static str| {
         move |cause| GpuError::Wrapper {

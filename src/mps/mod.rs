@@ -92,11 +92,7 @@ impl PinnedMemoryLimit {
 /// no NVML, and MPS control daemons are started per GPU found through NVML (the NVIDIA device
 /// plugin's MPS daemon and ours alike); `gpu-share doctor` says the same of a Tegra node.
 pub fn unavailable_on(product: &str) -> Option<String> {
-    let lower = product.to_ascii_lowercase();
-    ["tegra", "jetson", "orin", "xavier"]
-        .iter()
-        .any(|word| lower.contains(word))
-        .then(|| {
+    crate::gpu::tegra::names_a_tegra(product).then(|| {
             format!(
                 "MPS is not available on {product}: a Jetson/Tegra integrated GPU has no NVML, through which MPS control daemons are started; share it by time-slicing (`timeSlicing: {{replicas: N}}`)"
             )

@@ -18,7 +18,7 @@ pub use config::{Flags, PluginConfig, ReplicatedResource, ReplicatedResources, S
 pub use file::{create_empty_unless_present, reload, write_if_changed, ReloadError, SignalTarget};
 pub use rules::check as plugin_rules;
 
-use crate::profile::{mig_counts, MigStrategy, Mode, Problem, Profile, Rule};
+use crate::profile::{mig_counts, DeviceSelector, MigStrategy, Mode, Problem, Profile, Rule};
 use crate::sharing::{GpuPlan, PlannedMode};
 use crate::{mps, timeslice};
 
@@ -167,6 +167,28 @@ pub fn check_profile(name: &str, profile: &Profile) -> Vec<Problem> {
                 }
             }
             whole => match &first_whole {
+                // Two product rules may never meet on one node (a Jetson and a GeForce PC
+                // served by one profile): only a node holding both is refused, at `plan`.
+                Some((j, m))
+                    if !same_whole_mode(m, whole)
+                        && selects_by_product(rule)
+                        && selects_by_product(&profile.rules[*j]) =>
+                {
+                    problems.push(
+                        Problem::warning(
+                            name,
+                            format!(
+                                "{ONE_SHARING_FOR_WHOLE_GPUS}: this rule gives whole GPUs {} and \
+                                 rule {} gives them {}, so a node with GPUs of both products is \
+                                 refused at plan; nodes with only one of them are served",
+                                whole.keyword(),
+                                j + 1,
+                                m.keyword()
+                            ),
+                        )
+                        .in_rule(*i, rule),
+                    )
+                }
                 Some((j, m)) if !same_whole_mode(m, whole) => problems.push(refuse(format!(
                     "{ONE_SHARING_FOR_WHOLE_GPUS}, but this rule gives whole GPUs {} and rule {} gives them {}",
                     whole.keyword(),
@@ -179,6 +201,10 @@ pub fn check_profile(name: &str, profile: &Profile) -> Vec<Problem> {
         }
     }
     problems
+}
+
+fn selects_by_product(rule: &Rule) -> bool {
+    matches!(rule.devices, DeviceSelector::Product(_))
 }
 
 fn same_whole_mode(a: &Mode, b: &Mode) -> bool {

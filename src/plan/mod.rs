@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 pub use crate::gpu::{MigDevice, MigMode, ObservedGpu, ObservedNode};
+
+use crate::gpu::Tegra;
 pub use crate::sharing::{mig_resource, shared_name, GpuPlan, MigModeChange, MigMps, PlannedMode};
 pub use steps::{steps, Step};
 
@@ -71,6 +73,11 @@ pub fn plan_for(
     let mut gpus = Vec::new();
     let mut unselected = Vec::new();
     for gpu in &node.gpus {
+        if let (Some(board), PluginKind::Builtin | PluginKind::Dra) = (&gpu.tegra, plugin) {
+            let why = tegra_needs_nvidias_plugin(board, plugin);
+            problems.push(Problem::error(name, why).on_gpu(gpu.describe()));
+            continue;
+        }
         let matching: Vec<(usize, &Rule)> = profile
             .rules
             .iter()
@@ -236,6 +243,9 @@ fn plan_gpu(
     strategy: MigStrategy,
     profile: &Profile,
 ) -> Result<GpuPlan, String> {
+    if let Some(why) = gpu.tegra.as_ref().and_then(|b| tegra_cannot(b, &mode)) {
+        return Err(why);
+    }
     let rename = profile.plugin.rename_by_default;
     let mut plan = GpuPlan {
         index: gpu.index,
@@ -316,6 +326,37 @@ fn plan_gpu(
     plan.resources
         .insert(shared_name("nvidia.com/gpu", rename, replicas), replicas);
     Ok(plan)
+}
+
+/// Why a Jetson/Tegra's integrated GPU cannot take `mode`, if it cannot: it has no NVML, so
+/// no MIG (nor the memory partitions MIG needs) and no MPS control daemon. Exclusive and
+/// time-sliced are what NVIDIA's device plugin serves on it.
+fn tegra_cannot(board: &Tegra, mode: &Mode<'_>) -> Option<String> {
+    let what = match mode {
+        Mode::Mig { .. } | Mode::DynamicMig => "MIG instances",
+        Mode::Mps(_) => "MPS",
+        Mode::Exclusive | Mode::TimeSlicing(_) => return None,
+    };
+    Some(format!(
+        "the rule asks for {what}, but this is a Jetson/Tegra integrated GPU ({}): it has no \
+         NVML, so neither MIG nor MPS; share it by time-slicing (`timeSlicing: {{replicas: N}}`) \
+         or leave it exclusive",
+        board.describe()
+    ))
+}
+
+/// Why `plugin` cannot serve a Jetson/Tegra: gpu-share's own plugins hand out the GPUs NVML
+/// lists (device nodes, CDI specs from NVML's UUIDs, XID health), and a Tegra has no NVML.
+/// NVIDIA's device plugin finds the integrated GPU by itself and serves it as `tegra`.
+fn tegra_needs_nvidias_plugin(board: &Tegra, plugin: PluginKind) -> String {
+    format!(
+        "--plugin {} cannot serve a Jetson/Tegra integrated GPU ({}): gpu-share's own plugins \
+         hand out the GPUs NVML lists, and a Tegra has no NVML; run the agent with --plugin \
+         nvidia (NVIDIA's device plugin detects the Tegra itself and serves it as the device \
+         `tegra`)",
+        plugin.name(),
+        board.describe()
+    )
 }
 
 /// Whether a dynamic rule makes this GPU dynamic: it runs MIG and the catalog knows its

@@ -64,6 +64,12 @@ impl Workload {
     }
 }
 
+/// What `GPU_SHARE_NVML_LIB` names on a Jetson: no library at all.
+pub const NO_NVML: &str = "/nonexistent/libnvidia-ml.so.1";
+
+/// `/etc/nv_tegra_release` of L4T R36.4.0 (JetPack 6.1), as a Jetson Orin has it.
+pub const TEGRA_RELEASE: &str = "# R36 (release), REVISION: 4.0, GCID: 37537400, BOARD: generic, EABI: aarch64, DATE: Fri Sep 13 04:36:44 UTC 2024\n";
+
 /// One GPU node: its fake NVML state, host fixture tree, simulated kubelet and agent process,
 /// all in one temp dir. The agent is killed, and its MPS daemons with it, when the node drops.
 pub struct AgentNode {
@@ -137,10 +143,38 @@ impl AgentNode {
             node.name.clone(),
             node.plugin_config(),
             node.nvml_state(),
+            node.path("host"),
             node.kubelet.clone(),
             node.nvidia_plugin_up.clone(),
         );
         node
+    }
+
+    /// Make this node a Jetson whose device tree calls it `model`, as L4T R36.4 (JetPack 6.1)
+    /// lays a Jetson Orin out: `/etc/nv_tegra_release`, `/sys/devices/soc0/family` `Tegra`, the
+    /// device tree's `compatible` and `model`; no NVIDIA kernel module (`/proc/driver/nvidia`),
+    /// no `/dev/nvidia*` and no NVML (its fake state is removed; start the agent with
+    /// `GPU_SHARE_NVML_LIB` set to [`NO_NVML`]).
+    pub fn make_jetson(&self, model: &str) {
+        let host = self.path("host");
+        std::fs::remove_dir_all(host.join("proc/driver")).unwrap();
+        std::fs::remove_dir_all(host.join("dev")).unwrap();
+        std::fs::create_dir_all(host.join("dev")).unwrap();
+        std::fs::remove_file(self.nvml_state()).unwrap();
+        let files = [
+            ("etc/nv_tegra_release", TEGRA_RELEASE.as_bytes().to_vec()),
+            ("sys/devices/soc0/family", b"Tegra\n".to_vec()),
+            (
+                "proc/device-tree/compatible",
+                b"nvidia,p3768-0000+p3767-0005\0nvidia,p3767-0005\0nvidia,tegra234\0".to_vec(),
+            ),
+            ("proc/device-tree/model", format!("{model}\0").into_bytes()),
+        ];
+        for (path, bytes) in files {
+            let path = host.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, bytes).unwrap();
+        }
     }
 
     pub fn path(&self, p: &str) -> PathBuf {

@@ -18,6 +18,11 @@
 //! - a resource the plugin no longer serves stays on the Node with 0, as the kubelet keeps an
 //!   extended resource it saw until it restarts.
 //!
+//! - on a Jetson/Tegra (go-nvlib's `ResolvePlatform`: Tegra files and no NVML), one device,
+//!   `tegra`, under `nvidia.com/gpu`, replicated like any other (internal/rm/tegra_manager.go,
+//!   tegra_devices.go); here "no NVML" is a node without a fake NVML state file
+//!   ([`crate::AgentNode::make_jetson`]).
+//!
 //! The plugin re-reads when the agent makes it (SIGHUP or a pod restart); the agent's tests do
 //! not reload it (`GPU_SHARE_PLUGIN_RELOAD=none`), so the double re-counts whenever the config
 //! file or the NVML state changes, as a plugin reloaded at each change. A test can stop it
@@ -25,7 +30,7 @@
 //! plugin exited on a config it refused.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,6 +90,22 @@ pub fn nvidia_plugin_counts(config: &str, gpus: &ObservedNode) -> BTreeMap<Strin
     counts
 }
 
+/// go-nvlib's `HasTegraFiles` (vendor/github.com/NVIDIA/go-nvlib/pkg/nvlib/info/
+/// property-extractor.go at k8s-device-plugin v0.20.0): `<root>/etc/nv_tegra_release` is a
+/// file, or `<root>/sys/devices/soc0/family` starts with `tegra` in any case.
+pub fn has_tegra_files(root: &Path) -> bool {
+    root.join("etc/nv_tegra_release").is_file()
+        || std::fs::read_to_string(root.join("sys/devices/soc0/family"))
+            .is_ok_and(|f| f.to_ascii_lowercase().starts_with("tegra"))
+}
+
+/// The one device NVIDIA's plugin serves on a Tegra, as a GPU without MIG.
+fn tegra_device() -> ObservedNode {
+    ObservedNode {
+        gpus: vec![gpu_share::plan::ObservedGpu::simulated(0, "tegra")],
+    }
+}
+
 /// The double's thread: re-counts on each change of the config file or the NVML state and
 /// publishes the counts on the Node; while `up` is false its resources read 0.
 pub(crate) fn run(
@@ -92,6 +113,7 @@ pub(crate) fn run(
     node: String,
     config: PathBuf,
     nvml_state: PathBuf,
+    host_root: PathBuf,
     alive: Arc<AtomicBool>,
     up: Arc<AtomicBool>,
 ) {
@@ -111,9 +133,14 @@ pub(crate) fn run(
                 continue;
             }
             let counts = if running {
-                // A state caught mid-write is read again on the next tick.
-                let Ok(gpus) = crate::try_observe(&nvml_state) else {
-                    continue;
+                let gpus = if !nvml_state.exists() && has_tegra_files(&host_root) {
+                    tegra_device()
+                } else {
+                    // A state caught mid-write is read again on the next tick.
+                    let Ok(gpus) = crate::try_observe(&nvml_state) else {
+                        continue;
+                    };
+                    gpus
                 };
                 nvidia_plugin_counts(&String::from_utf8_lossy(&now.0), &gpus)
             } else {
