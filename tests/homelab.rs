@@ -298,6 +298,25 @@ fn status_and_plan_on_a_jetson_say_what_the_agent_does() {
             text(&out)
         );
     }
+    // gpu-share's own plugins serve what NVML lists: refused on a Tegra, whatever the mode.
+    for plugin in ["builtin", "dra"] {
+        let out = gpu_share_on(
+            root.path(),
+            &[
+                "plan",
+                "--profile",
+                "profiles/homelab-timeslice.yaml",
+                "--plugin",
+                plugin,
+            ],
+        );
+        assert!(!out.status.success(), "{plugin}");
+        let said = text(&out);
+        assert!(
+            said.contains(&format!("--plugin {plugin} cannot serve a Jetson/Tegra")),
+            "{said}"
+        );
+    }
 }
 
 #[test]
