@@ -40,10 +40,13 @@ pub const DEFAULT_DIR: &str = "/var/lib/kubelet/device-plugins";
 /// Where a container finds an MPS pipe directory (the NVIDIA plugin's layout).
 pub const CONTAINER_MPS_ROOT: &str = "/mps";
 
-/// The socket file NVIDIA's plugin would use for `resource`: `nvidia-gpu.sock`,
-/// `nvidia-mig-1g.10gb.sock`.
+/// The socket file NVIDIA's plugin uses for `resource`: `nvidia-gpu.sock`,
+/// `nvidia-mig-1g.10gb.sock`. Its rule (internal/plugin/server.go `getPluginSocketPath` with
+/// `ResourceName.Split`, k8s-device-plugin v0.20.0): `nvidia-` and what follows the first `/`,
+/// whatever the prefix. The one rule for the built-in plugin and for `doctor`, which looks for
+/// the sockets either plugin makes.
 pub fn socket_name(resource: &str) -> String {
-    let local = resource.rsplit('/').next().unwrap_or(resource);
+    let local = resource.split_once('/').map_or(resource, |(_, name)| name);
     format!("nvidia-{local}.sock")
 }
 
@@ -62,5 +65,8 @@ mod tests {
             socket_name("nvidia.com/gpu.shared"),
             "nvidia-gpu.shared.sock"
         );
+        // Outside nvidia.com/ (a renamed resource): the prefix goes all the same.
+        assert_eq!(socket_name("example.com/gpu"), "nvidia-gpu.sock");
+        assert_eq!(socket_name("gpu"), "nvidia-gpu.sock");
     }
 }

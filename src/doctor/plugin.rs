@@ -16,20 +16,12 @@
 use super::profile::resources;
 use super::socket::{describe, pod_resources, probe, Socket};
 use super::{Check, Ctx, Facts};
+use crate::builtin_plugin::socket_name;
 use crate::mps::shm;
 use crate::plan::{NodePlan, ObservedNode, PlannedMode};
 use crate::sharing::PluginKind;
 
 const NAME: &str = "device-plugin";
-
-/// The kubelet socket file of the device plugin serving `resource` (`nvidia.com/gpu` →
-/// `nvidia-gpu.sock`).
-fn socket_name(resource: &str) -> String {
-    format!(
-        "nvidia-{}.sock",
-        resource.strip_prefix("nvidia.com/").unwrap_or(resource)
-    )
-}
 
 /// The device plugin's sockets (`nvidia` or `builtin`); DRA mode is `super::dra`'s.
 pub(super) fn check(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
@@ -269,22 +261,4 @@ pub(super) fn allocatable(_ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
              node <node> -o jsonpath='{{.status.allocatable}}'`{expect}"
         ),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn socket_names_follow_the_plugin() {
-        assert_eq!(socket_name("nvidia.com/gpu"), "nvidia-gpu.sock");
-        assert_eq!(
-            socket_name("nvidia.com/mig-1g.10gb"),
-            "nvidia-mig-1g.10gb.sock"
-        );
-        assert_eq!(
-            socket_name("nvidia.com/gpu.shared"),
-            "nvidia-gpu.shared.sock"
-        );
-    }
 }
