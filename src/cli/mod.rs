@@ -221,8 +221,8 @@ impl PluginArgs {
 #[derive(Args, Debug)]
 struct PluginKindArgs {
     /// The device plugin the profile is checked for: `nvidia` (the stock k8s-device-plugin;
-    /// what it cannot express is refused) or `builtin` (gpu-share's agent serves the kubelet
-    /// itself).
+    /// what it cannot express is refused), `builtin` (gpu-share's agent serves the kubelet
+    /// itself) or `dra` (ResourceSlices; only the agent applies it, so `apply` refuses it).
     #[arg(long, env = "GPU_SHARE_PLUGIN", value_enum, default_value_t = PluginKind::Nvidia)]
     plugin: PluginKind,
 }
@@ -255,7 +255,8 @@ struct ValidateArgs {
     #[arg(required = true)]
     files: Vec<PathBuf>,
     /// The device plugin to check for: `nvidia` refuses what the stock plugin cannot express;
-    /// `builtin` checks the built-in plugin's rules instead.
+    /// `builtin` checks the built-in plugin's rules instead; `dra` the DRA driver's (the only
+    /// one that takes `dynamicMig`).
     #[arg(long, value_enum, default_value_t = PluginKind::Nvidia)]
     plugin: PluginKind,
     #[command(flatten)]
