@@ -2247,15 +2247,16 @@ fn the_readme_install_kustomization_retargets_every_gpu_share_image() {
     }
 }
 
-/// docs/homelab.md's patch for a k3s whose kubelet has another root directory, rendered by
-/// `kubectl kustomize` over the standalone overlay as the page says: the volumes it names by
-/// index are the kubelet's (pod-resources, device-plugins), and both move.
+/// docs/homelab.md's overlay, rendered by `kubectl kustomize` over the standalone overlay as
+/// the page lays it out: the container it names by index is NVIDIA's plugin, which gets
+/// `CONTAINER_DRIVER_ROOT=/`, and the volumes it names by index are the kubelet's
+/// (pod-resources, device-plugins), and both move.
 #[test]
 #[cfg_attr(
     no_kubectl,
-    ignore = "kubectl is not installed here: the patch in docs/homelab.md is not rendered"
+    ignore = "kubectl is not installed here: the overlay in docs/homelab.md is not rendered"
 )]
-fn the_homelab_k3s_patch_moves_the_kubelet_paths() {
+fn the_homelab_overlay_patches_what_it_says() {
     let page = std::fs::read_to_string(root().join("docs/homelab.md")).unwrap();
     let start = "```yaml\n# my-homelab/kustomization.yaml\n";
     let block = page
@@ -2275,6 +2276,16 @@ fn the_homelab_k3s_patch_moves_the_kubelet_paths() {
         .values()
         .find(|o| o["kind"] == "DaemonSet")
         .expect("a DaemonSet");
+    let plugin = &daemonset["spec"]["template"]["spec"]["containers"][1];
+    assert_eq!(plugin["name"], "device-plugin");
+    assert!(
+        plugin["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "CONTAINER_DRIVER_ROOT" && e["value"] == "/"),
+        "{plugin}"
+    );
     let volumes = daemonset["spec"]["template"]["spec"]["volumes"]
         .as_array()
         .unwrap();

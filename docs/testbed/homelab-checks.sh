@@ -12,8 +12,10 @@
 #
 # The Jetson: the agent reads a host root holding L4T R36.4's files (release file, soc0 family,
 # device tree) and no NVML (GPU_SHARE_NVML_LIB names no file); NVIDIA's plugin runs in a mount
-# namespace whose /etc holds the same nv_tegra_release, on a machine without libnvidia-ml, so
-# go-nvlib's ResolvePlatform says tegra (HasTegraFiles and not HasNvml) exactly as on a Jetson.
+# namespace whose /etc holds the same nv_tegra_release, on a machine without libnvidia-ml, with
+# CONTAINER_DRIVER_ROOT=/ (docs/homelab.md's patch), so go-nvlib's ResolvePlatform says tegra
+# (HasTegraFiles and not HasNvml) exactly as on a Jetson. Without that variable the plugin looks
+# under /driver-root, finds no Tegra file, says "Detected platform: unknown" and fails on NVML.
 # The agent signals the plugin (SIGHUP, by pid file) after each config write.
 #
 # Checks: 1. homelab-timeslice → success; allocatable nvidia.com/gpu.shared 4 (the plugin's one
@@ -58,7 +60,9 @@ ls /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 2>/dev/null && echo "WARNING: thi
 GPU_SHARE_PLUGIN_CONFIG="$W/plugin/config.yaml" "$BIN" device-plugin init-config
 cp -a /etc "$W/etc" && cp "$W/host/etc/nv_tegra_release" "$W/etc/nv_tegra_release"
 # unshare execs the shell, which execs the plugin: $! is the plugin's pid.
-unshare --mount --propagation private sh -c \
+# CONTAINER_DRIVER_ROOT=/ as docs/homelab.md's Jetson patch sets it (the plugin's default,
+# /driver-root, holds no Tegra file in gpu-share's component).
+CONTAINER_DRIVER_ROOT=/ unshare --mount --propagation private sh -c \
   "mount --bind '$W/etc' /etc && exec '$PLUGIN' --config-file '$W/plugin/config.yaml'" \
   > "$W/plugin.log" 2>&1 &
 echo $! > "$W/plugin.pid"
