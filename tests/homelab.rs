@@ -38,6 +38,21 @@ fn reason(api: &KubeDouble, node: &str) -> String {
     annotation(api, node, REASON).unwrap_or_default()
 }
 
+/// Wait until `node` failed with a reason that says `says` (the profile, or a file); the reason.
+fn wait_failed(api: &KubeDouble, node: &AgentNode, says: &str) -> String {
+    let failed = api.wait_until(Duration::from_secs(20), |a| {
+        state_of(a, &node.name).as_deref() == Some("failed") && reason(a, &node.name).contains(says)
+    });
+    assert!(
+        failed,
+        "{says}: state {:?}, reason {:?}\n{}",
+        state_of(api, &node.name),
+        reason(api, &node.name),
+        node.log()
+    );
+    reason(api, &node.name)
+}
+
 #[test]
 fn a_jetson_without_nvml_applies_time_slicing_and_says_what_it_found() {
     let api = Arc::new(KubeDouble::start());
@@ -100,17 +115,7 @@ fn mig_or_mps_labelled_onto_a_jetson_fails_naming_tegra_and_writes_nothing() {
 
     for (profile, what) in [("h100-inference", "MIG"), ("h100-mps", "MPS")] {
         api.set_node_label("jetson-1", PROFILE_LABEL, Some(profile));
-        assert!(
-            api.wait_until(Duration::from_secs(20), |a| {
-                state_of(a, "jetson-1").as_deref() == Some("failed")
-                    && reason(a, "jetson-1").contains(profile)
-            }),
-            "{profile}: state {:?}, reason {:?}\n{}",
-            state_of(&api, "jetson-1"),
-            reason(&api, "jetson-1"),
-            node.log()
-        );
-        let why = reason(&api, "jetson-1");
+        let why = wait_failed(&api, &node, profile);
         assert!(why.contains("Jetson/Tegra") && why.contains(what), "{why}");
         assert!(why.contains(ORIN_NANO), "{why}");
         assert_eq!(
@@ -136,14 +141,7 @@ fn the_builtin_plugin_on_a_jetson_is_refused_with_the_way_out() {
         &no_nvml(),
     );
     api.set_node_label("jetson-1", PROFILE_LABEL, Some("homelab-timeslice"));
-    assert!(
-        api.wait_until(Duration::from_secs(20), |a| state_of(a, "jetson-1")
-            .as_deref()
-            == Some("failed")),
-        "{}",
-        node.log()
-    );
-    let why = reason(&api, "jetson-1");
+    let why = wait_failed(&api, &node, "homelab-timeslice");
     assert!(
         why.contains("--plugin builtin cannot serve a Jetson/Tegra")
             && why.contains("--plugin nvidia"),
@@ -161,14 +159,7 @@ fn contradictory_tegra_files_fail_naming_the_files() {
     std::fs::write(node.path("host/sys/devices/soc0/family"), "jep106:0426\n").unwrap();
     node.start_agent(&[], &no_nvml());
     api.set_node_label("jetson-1", PROFILE_LABEL, Some("homelab-timeslice"));
-    assert!(
-        api.wait_until(Duration::from_secs(20), |a| state_of(a, "jetson-1")
-            .as_deref()
-            == Some("failed")),
-        "{}",
-        node.log()
-    );
-    let why = reason(&api, "jetson-1");
+    let why = wait_failed(&api, &node, "nv_tegra_release");
     assert!(
         why.contains("nv_tegra_release") && why.contains("soc0/family") && why.contains("jep106"),
         "{why}"
