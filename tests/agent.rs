@@ -67,7 +67,9 @@ fn label_set_changed_and_removed() {
     configmap(&api);
     let mut node = AgentNode::new(&api, "gpu-1", h100s(2, true));
     node.start_agent(&[], &[]);
-    std::thread::sleep(Duration::from_millis(500));
+    // The agent saw the Node without a label and finished that reconcile: only then is "no
+    // mutation" a finding.
+    node.wait_reconciled("noop", 0.0, Duration::from_secs(20));
     assert_eq!(
         node.mutations().len(),
         0,
@@ -130,9 +132,10 @@ fn label_set_changed_and_removed() {
 
     // Removing the label leaves the GPUs alone and drops the state.
     let before = node.mutations().len();
+    let noops = node.reconciles("noop");
     api.set_node_label("gpu-1", PROFILE_LABEL, None);
     assert!(api.wait_until(Duration::from_secs(10), |a| state_of(a, "gpu-1").is_none()));
-    std::thread::sleep(Duration::from_millis(300));
+    node.wait_reconciled("noop", noops, Duration::from_secs(10));
     assert_eq!(node.mutations().len(), before);
 
     // The agent's own endpoints.

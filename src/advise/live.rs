@@ -19,7 +19,6 @@ use kube::api::ListParams;
 use kube::Api;
 
 use super::demand::{from_pod, Demand, HeldDevice, Phase, PodDemand};
-use super::render::PROFILE_LABEL;
 use super::running::check_held_devices;
 use super::supply::{Supply, SupplyNode};
 use crate::agent::devices_in_use::DEVICES_IN_USE_ANNOTATION;
@@ -29,6 +28,7 @@ use crate::agent::node::{
 use crate::agent::reconcile::content_hash;
 use crate::gpu::MAX_SIMULATED_GPUS;
 use crate::mig::catalog;
+use crate::profile::PROFILE_LABEL;
 use crate::profile::{parse_profile, Profile};
 use crate::sharing::PluginKind;
 

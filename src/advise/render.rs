@@ -4,11 +4,7 @@
 use std::fmt::Write;
 
 use super::proposal::{gib_text, Advice};
-
-/// The ConfigMap the agent reads its profiles from (`gpu-share agent --configmap`).
-pub const CONFIGMAP: &str = "gpu-share-profiles";
-/// The node label that names a node's profile.
-pub const PROFILE_LABEL: &str = "gpu-share.dev/profile";
+use crate::profile::{PROFILES_CONFIGMAP, PROFILE_LABEL};
 
 /// The report as text.
 pub fn text(advice: &Advice) -> String {
@@ -107,7 +103,7 @@ pub fn configmap(advice: &Advice) -> Result<String, serde_yaml::Error> {
     let manifest = serde_yaml::to_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": CONFIGMAP},
+        "metadata": {"name": PROFILES_CONFIGMAP},
     }))?;
     let mut manifest = manifest.as_mapping().cloned().unwrap_or_default();
     manifest.insert("data".into(), data.into());

@@ -24,7 +24,7 @@ pub struct AgentArgs {
     #[arg(
         long,
         env = "GPU_SHARE_CONFIGMAP",
-        default_value = "gpu-share-profiles"
+        default_value = crate::profile::PROFILES_CONFIGMAP
     )]
     pub configmap: String,
     /// The NVML library (default: the system's libnvidia-ml.so.1).

@@ -6,8 +6,7 @@ use kube::api::{Patch, PatchParams};
 use kube::Api;
 use serde_json::json;
 
-/// The label that names the profile (a key of the profiles ConfigMap).
-pub const PROFILE_LABEL: &str = "gpu-share.dev/profile";
+pub use crate::profile::PROFILE_LABEL;
 /// `pending`, `draining`, `applying`, `success` or `failed`.
 pub const STATE_LABEL: &str = "gpu-share.dev/profile.state";
 /// Why the state is what it is, in a sentence.

@@ -42,7 +42,7 @@ pub struct AutopilotArgs {
     #[arg(
         long,
         env = "GPU_SHARE_CONFIGMAP",
-        default_value = "gpu-share-profiles"
+        default_value = crate::profile::PROFILES_CONFIGMAP
     )]
     pub configmap: String,
     /// What it did or would do, under the key `status.yaml`.

@@ -329,7 +329,7 @@ struct AdviseArgs {
     #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-share")]
     namespace: String,
     /// With --live: the ConfigMap whose keys are profiles.
-    #[arg(long, default_value = "gpu-share-profiles")]
+    #[arg(long, default_value = crate::profile::PROFILES_CONFIGMAP)]
     configmap: String,
     /// The device plugin the nodes run: `nvidia` shares all whole GPUs of a node one way.
     #[arg(long, value_enum, default_value_t = PluginKind::Nvidia)]

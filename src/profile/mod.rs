@@ -20,6 +20,13 @@ pub use problem::{Problem, RuleRef, Severity};
 /// The one version this build reads.
 pub const VERSION: &str = "v1";
 
+/// The node label that names a node's profile: a key of the profiles ConfigMap. The agent
+/// reads it, advise and the autopilot write it.
+pub const PROFILE_LABEL: &str = "gpu-share.dev/profile";
+/// The ConfigMap whose keys are the profiles (the agent's and the autopilot's `--configmap`
+/// default; advise's manifest names it).
+pub const PROFILES_CONFIGMAP: &str = "gpu-share-profiles";
+
 /// The sharing mode a rule gives its GPUs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Mode<'a> {

@@ -277,16 +277,42 @@ impl AgentNode {
         self.spawn(cmd);
     }
 
+    /// How many reconciles the latest agent finished with `result` (`noop`, `success`,
+    /// `failed`), from its /metrics; 0 before the first (or while /metrics does not answer).
+    pub fn reconciles(&self, result: &str) -> f64 {
+        let series = format!(r#"gpu_share_reconciles_total{{result="{result}"}}"#);
+        self.logged_http_port()
+            .and_then(|port| crate::http_get(port, "/metrics"))
+            .and_then(|text| crate::metric(&text, &series))
+            .unwrap_or(0.0)
+    }
+
+    /// Wait until the agent finished more than `before` reconciles with `result`: the sign
+    /// that it handled an event, which a test waits for before it asserts that nothing
+    /// happened. Panics with the agent's log after `timeout`.
+    pub fn wait_reconciled(&self, result: &str, before: f64, timeout: Duration) {
+        let handled = crate::poll(timeout, Duration::from_millis(20), || {
+            self.reconciles(result) > before
+        });
+        assert!(
+            handled,
+            "{}: no {result} reconcile after {before} within {timeout:?}\nagent log:\n{}",
+            self.name,
+            self.log()
+        );
+    }
+
     /// The port of the latest agent's HTTP endpoint (/metrics, /healthz), from its log.
     pub fn http_port(&self) -> u16 {
-        self.log()
-            .lines()
-            .rev()
-            .find_map(|l| {
-                let addr = l.split("addr=").nth(1)?.split_whitespace().next()?;
-                addr.rsplit(':').next()?.parse().ok()
-            })
-            .expect("the agent logs its address")
+        self.logged_http_port().expect("the agent logs its address")
+    }
+
+    /// [`Self::http_port`], or none while the agent has not logged it yet.
+    fn logged_http_port(&self) -> Option<u16> {
+        self.log().lines().rev().find_map(|l| {
+            let addr = l.split("addr=").nth(1)?.split_whitespace().next()?;
+            addr.rsplit(':').next()?.parse().ok()
+        })
     }
 
     /// NVIDIA's device plugin exits (say, on a config it refuses): its resources drop to 0

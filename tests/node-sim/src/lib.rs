@@ -304,3 +304,26 @@ pub fn poll(timeout: Duration, every: Duration, mut cond: impl FnMut() -> bool) 
         std::thread::sleep(every);
     }
 }
+
+/// The environment variable that replays a seeded test: the seed a run printed.
+pub const TEST_SEED_VAR: &str = "GPU_SHARE_TEST_SEED";
+
+/// The seed of a test that picks its cases: `GPU_SHARE_TEST_SEED` when set (to replay a run),
+/// else one from the clock, so runs differ. Printed either way, with how to replay it (the
+/// test harness shows it with the failure).
+///
+/// # Panics
+/// On a `GPU_SHARE_TEST_SEED` that is not a number.
+pub fn test_seed(what: &str) -> u64 {
+    let seed = match std::env::var(TEST_SEED_VAR) {
+        Ok(text) => text
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{TEST_SEED_VAR}={text:?}: {e}")),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    };
+    eprintln!("{what}: seed {seed} (replay with {TEST_SEED_VAR}={seed})");
+    seed
+}
