@@ -20,6 +20,7 @@ pub mod dra;
 pub mod duration;
 pub mod field_manager;
 pub mod gpu;
+pub mod gpu_labels;
 pub mod kubelet;
 pub mod lease;
 pub mod mig;

@@ -551,6 +551,44 @@ fn on_simulated_nodes_pending_pods_become_schedulable_one_node_at_a_time() {
     wait_action(&api, &pilot, "gpu-2", "unchanged");
 }
 
+/// The builtin and dra overlays install no GPU Feature Discovery: the autopilot knows the
+/// node's GPUs from the labels its agent writes from what it found (`gpu-share.dev/gpu.*`)
+/// and sizes it; no GFD label is ever set.
+#[test]
+fn a_node_without_gfd_is_sized_from_what_its_agent_found() {
+    let api = Arc::new(KubeDouble::start());
+    api.put_configmap(fixtures::configmap(NS, PROFILES, &[]));
+    let (node, _kubelet) = opted_in_node(&api, "gpu-1", 1, "2", &[]);
+    for i in 0..2 {
+        pending_pod(&api, &format!("infer-{i}"), "nvidia.com/mig-3g.40gb");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pilot = Autopilot::start(dir.path(), &api, "a", &["--plugin", "builtin"]);
+    let served = |a: &KubeDouble| {
+        gpu_allocatable(a, "gpu-1")
+            .get("nvidia.com/mig-3g.40gb")
+            .copied()
+            .unwrap_or(0)
+    };
+    assert!(
+        api.wait_until(Duration::from_secs(60), |a| served(a) >= 2),
+        "allocatable {:?}\nstatus {:?}\n{}\n{}",
+        gpu_allocatable(&api, "gpu-1"),
+        status(&api),
+        pilot.log(),
+        node.log()
+    );
+    assert_eq!(
+        label(&api, "gpu-1", PROFILE_LABEL).as_deref(),
+        Some("advised-gpu-1")
+    );
+    assert_eq!(
+        label(&api, "gpu-1", "gpu-share.dev/gpu.product").as_deref(),
+        Some("NVIDIA-H100-80GB-HBM3")
+    );
+    assert_eq!(label(&api, "gpu-1", "nvidia.com/gpu.product"), None);
+}
+
 /// SIGTERM (a rolling update of the Deployment) gives the Lease back at once, so the next
 /// replica does not wait for it to lapse.
 #[test]
@@ -587,13 +625,29 @@ fn simulated_node_of(
     gpus: usize,
     resync: &str,
 ) -> (AgentNode, DevicePluginKubelet) {
-    let mut node = AgentNode::new(api, name, h100s(gpus, false));
     let count = gpus.to_string();
-    for (k, v) in [
+    let gfd = [
         ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
         ("nvidia.com/gpu.count", count.as_str()),
-        ("gpu-share.dev/autopilot", "enabled"),
-    ] {
+    ];
+    opted_in_node(api, name, gpus, resync, &gfd)
+}
+
+/// An opted-in node with `gpus` H100s (MIG off), these labels (GFD's, or none), the simulated
+/// kubelet's device-plugin manager and a real agent running the built-in plugin.
+fn opted_in_node(
+    api: &Arc<KubeDouble>,
+    name: &str,
+    gpus: usize,
+    resync: &str,
+    labels: &[(&str, &str)],
+) -> (AgentNode, DevicePluginKubelet) {
+    let mut node = AgentNode::new(api, name, h100s(gpus, false));
+    for (k, v) in labels
+        .iter()
+        .copied()
+        .chain([("gpu-share.dev/autopilot", "enabled")])
+    {
         api.set_node_label(name, k, Some(v));
     }
     let dp = node.path("device-plugins");

@@ -6,7 +6,9 @@
 //! will have given it a device there) counts as running on that node.
 //!
 //! Supply is every node with the GPU Feature Discovery labels `nvidia.com/gpu.product` and
-//! `nvidia.com/gpu.count` (GFD's labels, docs/sources.md#gfd-labels), read as
+//! `nvidia.com/gpu.count` (GFD's labels, docs/sources.md#gfd-labels) or, where GFD does not
+//! run, the `gpu-share.dev/gpu.product` and `gpu.count` labels gpu-share's agent writes from
+//! what it found (`crate::gpu_labels`; both present, they must agree), read as
 //! `plan --gpu` specs: a product the MIG catalog knows becomes that model, any other stays a
 //! GPU without MIG under its product name. Its current profile is the ConfigMap key its
 //! `gpu-share.dev/profile` label names. A node whose labels or profile cannot be read is left
@@ -19,6 +21,7 @@ use kube::api::ListParams;
 use kube::Api;
 
 use super::demand::{from_pod, Demand, HeldDevice, Phase, PodDemand};
+use super::node_gpus::{gpu_spec, gpus_of, has_gpu_labels, label};
 use super::running::check_held_devices;
 use super::supply::{Supply, SupplyNode};
 use crate::agent::devices_in_use::DEVICES_IN_USE_ANNOTATION;
@@ -27,15 +30,9 @@ use crate::agent::node::{
 };
 use crate::agent::reconcile::content_hash;
 use crate::gpu::MAX_SIMULATED_GPUS;
-use crate::mig::catalog;
+use crate::profile::parse_profile;
 use crate::profile::PROFILE_LABEL;
-use crate::profile::{parse_profile, Profile};
 use crate::sharing::PluginKind;
-
-/// GFD: the GPU product, sanitised (spaces become `-`), e.g. `NVIDIA-H100-80GB-HBM3`.
-pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
-/// GFD: how many GPUs the node has.
-pub const COUNT_LABEL: &str = "nvidia.com/gpu.count";
 
 /// What advise reads from the cluster, as the API server returned it.
 #[derive(Debug, Clone, Default)]
@@ -109,10 +106,6 @@ async fn gpu_pods(api: &Api<Pod>) -> kube::Result<Vec<Pod>> {
             _ => return Ok(kept),
         }
     }
-}
-
-fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
-    node.metadata.labels.as_ref()?.get(key).map(String::as_str)
 }
 
 /// The demand and supply the cluster holds (see the module doc for what is read and how), for
@@ -227,20 +220,12 @@ fn supply_node(
     node: &Node,
     profiles: &BTreeMap<String, String>,
 ) -> Result<Option<SupplyNode>, String> {
-    let Some(product) = label(node, PRODUCT_LABEL) else {
+    if !has_gpu_labels(node) {
         return Ok(None);
-    };
+    }
     if let Some(why) = unusable(node) {
         return Err(why);
     }
-    let devices = match label(node, COUNT_LABEL).map(str::parse::<u32>) {
-        Some(Ok(n)) => n,
-        _ => {
-            return Err(format!(
-                "{PRODUCT_LABEL}={product} but no numeric {COUNT_LABEL} label"
-            ))
-        }
-    };
     let name = node.metadata.name.clone().unwrap_or_default();
     let (profile_name, profile) = match running_profile(node, profiles) {
         None => (None, None),
@@ -253,13 +238,13 @@ fn supply_node(
             (Some(key.to_string()), Some(profile))
         }
     };
-    let count = gpu_count(product, devices, profile.as_ref())?;
+    let (product, count, count_read) = gpus_of(node, profile.as_ref())?;
     if count == 0 {
         return Ok(None);
     }
     if count > MAX_SIMULATED_GPUS {
         return Err(format!(
-            "{COUNT_LABEL}={devices}: {count} GPUs, over the {MAX_SIMULATED_GPUS} a node holds",
+            "{count_read}: {count} GPUs, over the {MAX_SIMULATED_GPUS} a node holds",
         ));
     }
     Ok(Some(SupplyNode {
@@ -321,72 +306,12 @@ fn unusable(node: &Node) -> Option<String> {
     (cordoned && !by_us).then(|| "cordoned, not by gpu-share".to_string())
 }
 
-/// How many GPUs the node has. GFD's `gpu.count` counts what the device plugin advertises as
-/// `nvidia.com/gpu`: whole GPUs, except under the `single` MIG strategy (product label
-/// `…-MIG-<profile>`), where it counts the MIG devices (nvidia-stack.md §1.8). Then the GPUs
-/// are the devices over the instances per GPU of the node's current profile (single strategy:
-/// one rule, one MIG profile on every GPU). `-MIG-INVALID` is GFD saying the layout is broken.
-fn gpu_count(product: &str, devices: u32, profile: Option<&Profile>) -> Result<u32, String> {
-    let product = product.strip_suffix("-SHARED").unwrap_or(product);
-    let Some((_, mig_profile)) = product.split_once("-MIG-") else {
-        return Ok(devices);
-    };
-    if mig_profile == "INVALID" {
-        return Err(format!(
-            "{PRODUCT_LABEL}={product}: GPU Feature Discovery reports an invalid MIG layout"
-        ));
-    }
-    let per_gpu = profile
-        .into_iter()
-        .flat_map(|p| &p.rules)
-        .filter_map(|r| r.mig.as_ref()?.get(mig_profile))
-        .find(|n| **n > 0)
-        .and_then(|n| u32::try_from(*n).ok());
-    match per_gpu {
-        Some(n) if devices.is_multiple_of(n) => Ok(devices / n),
-        _ => Err(format!(
-            "{PRODUCT_LABEL}={product}: under the single MIG strategy {COUNT_LABEL}={devices} counts \
-             {mig_profile} devices, and the node's profile does not say how many each GPU holds"
-        )),
-    }
-}
-
-/// GFD's sanitised product label as a `plan --gpu` spec: `<catalog key>x<count>` when the
-/// catalog knows the product, else the product name with its spaces back, `x<count>`.
-///
-/// GFD appends `-SHARED` when the GPU is shared with replicas, and under the `single` MIG
-/// strategy the product carries `-MIG-<profile>` (or `-MIG-INVALID`): neither is part of the
-/// GPU's model (nvidia-stack.md §1.8).
-pub fn gpu_spec(product_label: &str, count: u32) -> String {
-    let product = product_label
-        .strip_suffix("-SHARED")
-        .unwrap_or(product_label);
-    let product = product.split("-MIG-").next().unwrap_or(product);
-    let model = catalog().models.iter().find(|m| {
-        m.product_names()
-            .any(|n| same_product(&n.replace(' ', "-"), product))
-    });
-    match model {
-        Some(m) => format!("{}x{count}", m.key),
-        None => format!("{}x{count}", product.replace('-', " ")),
-    }
-}
-
-/// Sanitised product names compare without case and without the `NVIDIA-` prefix that R470+
-/// drivers add (as the catalog compares NVML names).
-fn same_product(a: &str, b: &str) -> bool {
-    fn strip(n: &str) -> &str {
-        match n.get(..7) {
-            Some(p) if p.eq_ignore_ascii_case("nvidia-") => &n[7..],
-            _ => n,
-        }
-    }
-    strip(a).eq_ignore_ascii_case(strip(b))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu_labels::{
+        self, GFD_COUNT_LABEL as COUNT_LABEL, GFD_PRODUCT_LABEL as PRODUCT_LABEL,
+    };
 
     /// A Ready node with these labels.
     fn node(name: &str, labels: &[(&str, &str)]) -> Node {
@@ -446,37 +371,6 @@ mod tests {
         .unwrap()
     }
 
-    /// GFD product labels (nvidia-stack.md §1.8) map to catalog models, suffixes dropped.
-    #[test]
-    fn gfd_products_become_catalog_models() {
-        assert_eq!(gpu_spec("NVIDIA-H100-80GB-HBM3", 8), "h100-80gb-sxmx8");
-        assert_eq!(
-            gpu_spec("NVIDIA-H100-80GB-HBM3-SHARED", 2),
-            "h100-80gb-sxmx2"
-        );
-        assert_eq!(
-            gpu_spec("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", 4),
-            "a100-sxm4-40gbx4"
-        );
-        assert_eq!(gpu_spec("A100-SXM4-40GB", 1), "a100-sxm4-40gbx1");
-        assert_eq!(gpu_spec("Tesla-T4", 1), "Tesla T4x1");
-        // Each spec reads back through `plan --gpu`'s parser as that many GPUs of that model.
-        let read = |product: &str, count: u32| {
-            let node =
-                crate::gpu::ObservedNode::from_gpu_specs(&[gpu_spec(product, count)]).unwrap();
-            (
-                node.gpus.len(),
-                node.gpus[0].product.clone(),
-                node.gpus[0].mig.is_some(),
-            )
-        };
-        assert_eq!(read("Tesla-T4", 2), (2, "Tesla T4".to_string(), false));
-        assert_eq!(
-            read("NVIDIA-H100-80GB-HBM3", 8),
-            (8, "NVIDIA H100 80GB HBM3".to_string(), true)
-        );
-    }
-
     /// Under the single MIG strategy GFD's `gpu.count` counts MIG devices: 14 1g.10gb devices
     /// on a node whose profile puts 7 on every GPU are 2 GPUs.
     #[test]
@@ -513,25 +407,79 @@ mod tests {
         );
     }
 
+    /// Without GFD (a Jetson; a cluster without the GPU Operator) the labels gpu-share's agent
+    /// writes are the supply; with both, they must name the same GPUs or the node is left out
+    /// naming both (the autopilot publishes the reason with its status).
     #[test]
-    fn the_single_strategy_count_is_read_through_the_profile() {
-        let seven = parse_profile(
-            "p",
-            "version: v1\nrules:\n- devices: all\n  mig: {1g.10gb: 7}\n",
-        )
-        .unwrap();
-        let product = "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb";
-        assert_eq!(gpu_count(product, 14, Some(&seven)), Ok(2));
-        assert_eq!(gpu_count("NVIDIA-H100-80GB-HBM3", 4, Some(&seven)), Ok(4));
-        assert_eq!(gpu_count("NVIDIA-H100-80GB-HBM3-SHARED", 2, None), Ok(2));
-        let e = gpu_count(product, 14, None).unwrap_err();
-        assert!(e.contains("counts 1g.10gb devices"), "{e}");
-        assert!(
-            gpu_count(product, 13, Some(&seven)).is_err(),
-            "not whole GPUs"
+    fn without_gfd_the_agents_labels_are_the_supply_and_with_gfd_they_must_agree() {
+        let ours = [
+            (gpu_labels::PRODUCT_LABEL, "NVIDIA-H100-80GB-HBM3"),
+            (gpu_labels::COUNT_LABEL, "2"),
+        ];
+        let supply_of = |nodes: Vec<Node>| {
+            let input = from_cluster(
+                &Cluster {
+                    nodes,
+                    ..Default::default()
+                },
+                PluginKind::Nvidia,
+            );
+            let gpus: Vec<Vec<String>> =
+                input.supply.nodes.iter().map(|n| n.gpus.clone()).collect();
+            (gpus, input.skipped)
+        };
+        assert_eq!(
+            supply_of(vec![node("no-gfd", &ours)]),
+            (vec![vec!["h100-80gb-sxmx2".to_string()]], vec![])
         );
-        let e = gpu_count("NVIDIA-H100-80GB-HBM3-MIG-INVALID", 0, None).unwrap_err();
-        assert!(e.contains("invalid MIG layout"), "{e}");
+        let jetson = [
+            (
+                gpu_labels::PRODUCT_LABEL,
+                "NVIDIA-Jetson-Orin-Nano-Developer-Kit",
+            ),
+            (gpu_labels::COUNT_LABEL, "1"),
+        ];
+        assert_eq!(
+            supply_of(vec![node("jetson", &jetson)]).0,
+            [["NVIDIA Jetson Orin Nano Developer Kitx1"]]
+        );
+        // GFD beside the agent, shared replicas: the same two H100s.
+        let agreeing = [
+            ours[0],
+            ours[1],
+            (PRODUCT_LABEL, "NVIDIA-H100-80GB-HBM3-SHARED"),
+            (COUNT_LABEL, "2"),
+        ];
+        assert_eq!(supply_of(vec![node("both", &agreeing)]).0.len(), 1);
+        let disagreeing = [
+            ours[0],
+            ours[1],
+            (PRODUCT_LABEL, "NVIDIA-H100-80GB-HBM3"),
+            (COUNT_LABEL, "1"),
+        ];
+        let (gpus, skipped) = supply_of(vec![node("lost-one", &disagreeing)]);
+        assert!(gpus.is_empty());
+        assert!(
+            skipped[0].starts_with("node lost-one: GPU Feature Discovery says")
+                && skipped[0].contains("(1 GPUs)")
+                && skipped[0].contains("found gpu-share.dev/gpu.product=NVIDIA-H100-80GB-HBM3 (2)"),
+            "{skipped:?}"
+        );
+        let mixed = [
+            (gpu_labels::PRODUCT_LABEL, gpu_labels::MIXED),
+            (gpu_labels::COUNT_LABEL, "2"),
+        ];
+        let (_, skipped) = supply_of(vec![node("mixed", &mixed)]);
+        assert!(
+            skipped[0].contains("GPUs of several products"),
+            "{skipped:?}"
+        );
+        let no_count = [(gpu_labels::PRODUCT_LABEL, "NVIDIA-H100-80GB-HBM3")];
+        let (_, skipped) = supply_of(vec![node("half", &no_count)]);
+        assert_eq!(
+            skipped,
+            ["node half: gpu-share.dev/gpu.product=NVIDIA-H100-80GB-HBM3 but no numeric gpu-share.dev/gpu.count label"]
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@
 pub mod demand;
 mod keep;
 pub mod live;
+mod node_gpus;
 pub mod proposal;
 pub mod render;
 mod running;

@@ -187,7 +187,7 @@ impl Reconciler {
         {
             self.publish_devices_in_use(seen).await;
         }
-        self.publish_found_gpus(seen).await;
+        self.publish_found_gpus(seen);
         outcome
     }
 
