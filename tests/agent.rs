@@ -389,7 +389,7 @@ fn api_errors_and_dropped_watches_are_survived() {
     configmap(&api);
     let mut node = AgentNode::new(&api, "gpu-5", h100s(1, true));
     node.start_agent(&[], &[]);
-    std::thread::sleep(Duration::from_millis(500));
+    wait_gpus_labelled(&api, &node);
     api.fail_next(Verb::Patch, "nodes", 3, Fault::Status(500));
     api.drop_watches();
     api.compact();
@@ -427,6 +427,7 @@ fn node_writes_refused_with_403_make_the_agent_not_ready_until_they_go_through()
     readyz_until(&node, Duration::from_secs(20), |a| {
         a.starts_with("HTTP/1.1 200")
     });
+    wait_gpus_labelled(&api, &node);
 
     // RBAC or the admission policy refuses the state writes of one reconcile: `applying`, and
     // the `failed` that reports it. Retrying cannot mend that, so /readyz says so.
@@ -572,6 +573,7 @@ fn time_sliced_node(api: &Arc<KubeDouble>, name: &str, gpus: usize, extra: &[&st
     flags.extend_from_slice(extra);
     node.start_agent(&flags, &[]);
     wait_applied_text(api, &node, &time_sliced(4), Duration::from_secs(20), "ts-4");
+    wait_gpus_labelled(api, &node);
     node
 }
 

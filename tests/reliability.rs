@@ -139,6 +139,7 @@ fn balanced_node_with_pods(
     api.set_node_label(name, PROFILE_LABEL, Some("h100-balanced"));
     node.start_agent(extra, env);
     wait_applied(api, &node, "h100-balanced", Duration::from_secs(30));
+    wait_gpus_labelled(api, &node);
     let (moves, stays) = (node.gi_at(0, 4), node.gi_at(0, 0));
     node.add_workloads(
         api,

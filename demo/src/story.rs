@@ -480,8 +480,10 @@ pub(crate) fn allocatable(world: &World, show: &Show, what: &str) {
     show.line(&format!("node status.allocatable {what}: {list}"));
 }
 
-/// Wait until the Node says `text` is applied, and until the story's own watch has seen the
-/// step's `success` too (it may lag the direct read; the step prints the states it saw).
+/// Wait until the Node says `text` is applied, until the story's own watch has seen the
+/// step's `success` too (it may lag the direct read; the step prints the states it saw), and
+/// until the agent's `Applied` Event for that text is there (the agent sends it in the
+/// background after `success`; the step's report lists it).
 pub(crate) fn wait_applied(
     world: &World,
     show: &Show,
@@ -489,8 +491,17 @@ pub(crate) fn wait_applied(
     name: &str,
     text: &str,
 ) -> anyhow::Result<()> {
+    let hash = gpu_share::agent::reconcile::content_hash(text);
+    let applied_event = || {
+        world.api.events().iter().any(|e| {
+            e.reason.as_deref() == Some("Applied")
+                && e.note.as_deref().is_some_and(|n| n.contains(&hash[..12]))
+        })
+    };
     wait(show, &format!("{name} applied"), 60, || {
-        is_applied(&world.api, NODE, text) && step.last_state_seen(world, "success")
+        is_applied(&world.api, NODE, text)
+            && step.last_state_seen(world, "success")
+            && applied_event()
     })
 }
 

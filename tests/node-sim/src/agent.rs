@@ -543,6 +543,23 @@ fn wait_node(
     );
 }
 
+/// Wait until the agent labelled the node with the GPUs it found (`gpu-share.dev/gpu.count`):
+/// the last Node write of a reconcile, sent in the background after its state. A test that
+/// arms a fault on the next Node write waits for it, so that write does not take the fault.
+pub fn wait_gpus_labelled(api: &KubeDouble, node: &AgentNode) {
+    wait_node(
+        api,
+        node,
+        Duration::from_secs(20),
+        "no gpu-share.dev/gpu.count label",
+        |a| {
+            a.node(&node.name)
+                .and_then(|n| n.metadata.labels)
+                .is_some_and(|l| l.contains_key("gpu-share.dev/gpu.count"))
+        },
+    );
+}
+
 pub fn wait_state(api: &KubeDouble, node: &AgentNode, want: &str, timeout: Duration) {
     wait_node(api, node, timeout, &format!("wanted state {want}"), |a| {
         state_of(a, &node.name).as_deref() == Some(want)
