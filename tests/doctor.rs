@@ -869,3 +869,25 @@ fn a_k3s_node_is_read_where_k3s_keeps_containerd_and_told_k3s_fixes() {
     );
     assert!(!said.contains("nvidia-ctk runtime configure"), "{said}");
 }
+
+/// Tegra files that disagree (a release file where the SoC family is not Tegra): the driver
+/// layer fails naming both files, as the agent's reconcile does (src/gpu/tegra.rs).
+#[test]
+fn contradictory_tegra_files_fail_the_driver_layer_naming_them() {
+    let node = Node::bare();
+    node.copy("nv_tegra_release", "etc/nv_tegra_release");
+    node.file("sys/devices/soc0/family", "jep106:0426\n");
+    let env = [("GPU_SHARE_NVML_LIB", "/nonexistent/libnvidia-ml.so.1")];
+    let r = node.fails_at_env("driver", &[], &env);
+    let said = r.said("driver");
+    assert!(
+        said.contains("nv_tegra_release")
+            && said.contains("soc0/family")
+            && said.contains("jep106"),
+        "{said}"
+    );
+    assert!(
+        said.contains("/etc/nv_tegra_release, /sys/devices/soc0/family"),
+        "{said}"
+    );
+}

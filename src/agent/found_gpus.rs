@@ -51,7 +51,7 @@ impl FoundGpus {
         let observed = match self.remembered {
             Some(observed) => observed,
             None => {
-                let gpus = self.gpus.clone();
+                let gpus = self.gpus;
                 match tokio::task::spawn_blocking(move || gpus.with(Gpus::observe)).await {
                     Ok(Ok(observed)) => observed,
                     Ok(Err(e)) => {

@@ -21,7 +21,9 @@ pub(super) fn check(ctx: &Ctx<'_>, facts: &mut Facts) -> Check {
                 Err(e) => Check::failed(
                     NAME,
                     e.to_string(),
-                    "a Jetson/Tegra is known by /etc/nv_tegra_release,                      /sys/devices/soc0/family and the device tree; make them readable and                      consistent (or point --tegra-release / --device-tree at the right files)",
+                    "a Jetson/Tegra is known by /etc/nv_tegra_release, \
+                     /sys/devices/soc0/family and the device tree; make them readable and \
+                     consistent (or point --tegra-release / --device-tree at the right files)",
                 ),
                 Ok(None) => Check::failed(
                     NAME,
