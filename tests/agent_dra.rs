@@ -438,6 +438,63 @@ fn a_pod_holding_a_destroyed_device_through_a_claim_is_evicted_and_kept_devices_
     assert!(node.log().contains("is not published by the new profile"));
 }
 
+/// A device that keeps its name but not its sharing is a re-allocation too (issue 37 item 3,
+/// the hole docs/dra.md named): GPU 0 goes from two time-sliced shares to two MPS shares under
+/// the same names `gpu-0-share-0/1`, so the claim holding `gpu-0-share-0` would run outside
+/// the MPS daemon its neighbours now share the GPU through; its pod is drained, the Event says
+/// why. GPU 1 keeps its shares as they were: its holder stays.
+#[test]
+fn a_claims_device_that_keeps_its_name_but_not_its_sharing_is_drained() {
+    let rules = |gpu0: &str| {
+        format!(
+            "version: v1\nrules:\n  - devices: [\"0\"]\n    {gpu0}: {{replicas: 2}}\n  \
+             - devices: [\"1\"]\n    timeSlicing: {{replicas: 2}}\n"
+        )
+    };
+    let (ts, mps) = (rules("timeSlicing"), rules("mps"));
+    let api = Arc::new(KubeDouble::start());
+    profiles_configmap(&api, &[], &[("ts", ts.clone()), ("mps", mps.clone())]);
+    let mut node = AgentNode::new(&api, "dra-terms", h100s(2, false));
+    let kubelet = PodResourcesKubelet::serve(&api, &node.name, &node.pod_resources_socket());
+    node.start_agent(&["--plugin", "dra"], &[]);
+    api.set_node_label("dra-terms", PROFILE_LABEL, Some("ts"));
+    wait_applied_text(&api, &node, &ts, Duration::from_secs(30), "ts");
+    for (pod, device) in [("changed", "gpu-0-share-0"), ("unchanged", "gpu-1-share-0")] {
+        api.put_pod(kube_double::fixtures::running_pod(
+            "default",
+            pod,
+            "dra-terms",
+            &[("app", pod)],
+        ));
+        kubelet.allocate_claim(
+            "default",
+            pod,
+            &format!("{pod}-claim"),
+            "gpu.gpu-share.dev",
+            "dra-terms",
+            device,
+        );
+    }
+    api.set_node_label("dra-terms", PROFILE_LABEL, Some("mps"));
+    wait_applied_text(&api, &node, &mps, Duration::from_secs(30), "mps");
+    assert_eq!(
+        evicted(&api),
+        BTreeSet::from(["changed".to_string()]),
+        "{}",
+        node.log()
+    );
+    assert!(api.pod("default", "unchanged").is_some());
+    let why = "DRA device gpu-0-share-0 (claim default/changed-claim) goes from time-sliced to MPS";
+    assert!(
+        api.events()
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("Reallocating"))
+            .any(|e| e.note.as_deref().is_some_and(|n| n.contains(why))),
+        "the Reallocating Event names why\n{}",
+        node.log()
+    );
+}
+
 /// A slice the API server refuses as invalid (422) is said as such: state failed with reason
 /// `SlicesRejected` (Event and annotation) naming what to check, not a generic publish failure;
 /// the retry publishes once the server takes it.

@@ -1,9 +1,11 @@
-//! A profile change that keeps a device but advertises it otherwise (another ID, resource or
-//! sharing) drains the device's holders first, so the kubelet never hands it to a second pod;
-//! holders whose ID the kubelet still counts as theirs stay (src/agent/advertisement.rs).
+//! A profile change that keeps a device but advertises it otherwise (another ID, resource,
+//! sharing or terms) drains the device's holders first, so the kubelet never hands it to a
+//! second pod and no holder runs on terms the node no longer offers; holders of devices
+//! advertised as before stay (src/agent/advertisement.rs).
 //!
 //! Each case is one a real kubelet 1.36 with NVIDIA's device plugin got wrong before this
-//! (time-slicing → exclusive, MIG strategy mixed → single, replicas 4 → 2), and its reverse.
+//! (time-slicing → exclusive, MIG strategy mixed → single, replicas 4 → 2), and its reverse;
+//! and the changes of terms under the same IDs (replica count, MPS limits: issue 37 item 3).
 //! The real agent binary runs against the API double, the fake NVML and the simulated kubelet's
 //! PodResources endpoint, which lists each pod the API still holds with the device IDs the test
 //! allocated it, as the kubelet does (tests/node-sim/src/pod_resources.rs).
@@ -106,28 +108,83 @@ fn set(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
-/// Replicas 4 → 2 drops `::2` and `::3`: only their holder leaves (the kubelet still counts
-/// `::1` as its holder's). 2 → 4 keeps every held ID: nobody leaves.
+/// GPU 0 time-sliced `replicas` ways, GPU 1 cut into two 3g.40gb MIG devices either way (the
+/// NVIDIA plugin shares every whole GPU of a node alike, so the unchanged device beside the
+/// changed one is a MIG device).
+fn gpu0_time_sliced(replicas: u32) -> String {
+    format!(
+        "version: v1\nplugin:\n  migStrategy: mixed\nrules:\n  - devices: [\"0\"]\n    \
+         timeSlicing: {{replicas: {replicas}}}\n  - devices: [\"1\"]\n    mig: {{3g.40gb: 2}}\n"
+    )
+}
+
+/// Replicas 4 → 2 on GPU 0: `::3` is no longer advertised, and `::1`, which the kubelet still
+/// counts as its holder's, is one of 2 shares now, not 4 (issue 37 item 3: its holder would run
+/// on terms the node no longer offers). Both holders leave; the holder of a MIG device of GPU
+/// 1, advertised as before, does not. Back to 4 on GPU 0: its new holder leaves too (more
+/// holders per GPU), GPU 1's holder still stays. Before terms were compared, `::1` stayed and 2 → 4 drained nobody.
 #[test]
-fn fewer_replicas_drain_the_holders_of_dropped_ids_and_more_replicas_drain_none() {
-    let profiles = [("ts-4", time_sliced(4)), ("ts-2", time_sliced(2))];
-    let bed = Bed::new("gpu-replicas", h100s(1, false), &profiles, "ts-4");
-    let gpu = bed.gpu_uuid(0);
-    bed.holder("on-1", GPU, &[&format!("{gpu}::1")]);
-    bed.holder("on-3", GPU, &[&format!("{gpu}::3")]);
+fn a_change_of_replicas_drains_the_holders_of_that_gpu_only() {
+    let profiles = [("ts-4", gpu0_time_sliced(4)), ("ts-2", gpu0_time_sliced(2))];
+    let bed = Bed::new("gpu-replicas", h100s(2, false), &profiles, "ts-4");
+    let gpu0 = bed.gpu_uuid(0);
+    let mig = bed.mig_uuids(1)[0].clone();
+    bed.holder("on-1", GPU, &[&format!("{gpu0}::1")]);
+    bed.holder("on-3", GPU, &[&format!("{gpu0}::3")]);
+    bed.holder("other-gpu", "nvidia.com/mig-3g.40gb", &[&mig]);
 
     let gone = bed.change_to("ts-2", &profiles[1].1);
-    assert_eq!(gone, set(&["on-3"]), "{}", bed.node.log());
-    assert!(bed.api.pod("default", "on-1").is_some());
+    assert_eq!(gone, set(&["on-1", "on-3"]), "{}", bed.node.log());
+    assert!(bed.api.pod("default", "other-gpu").is_some());
     assert!(
         bed.node.log().contains("is no longer advertised"),
         "the log says why: {}",
         bed.node.log()
     );
+    let terms = format!(
+        "{gpu0}::1 (nvidia.com/gpu) stays time-sliced but goes from 4 holders to 2 holders"
+    );
+    assert!(
+        notes(&bed.api, "Reallocating")
+            .iter()
+            .any(|n| n.contains(&terms)),
+        "the Event names the change of terms: {:?}",
+        notes(&bed.api, "Reallocating")
+    );
 
+    bed.holder("on-0", GPU, &[&format!("{gpu0}::0")]);
     let gone = bed.change_to("ts-4", &profiles[0].1);
-    assert!(gone.is_empty(), "more replicas, same names: {gone:?}");
+    assert_eq!(gone, set(&["on-0"]), "more replicas, same names: {gone:?}");
+    assert!(bed.api.pod("default", "other-gpu").is_some());
     assert!(!unschedulable(&bed.api, &bed.node.name));
+}
+
+/// MPS limits that change under the same IDs and replica count: MPS fixes a client's limits
+/// when it connects (reference/h200-mps-measured.md), so the holder keeps half the SMs while
+/// the node now offers a quarter to each of the others: it is drained, the Event says why.
+#[test]
+fn mps_limits_that_change_drain_their_holders() {
+    let mps = |pct: u32| {
+        format!(
+            "version: v1\nrules:\n  - devices: all\n    mps: {{replicas: 2, \
+             activeThreadPercentage: {pct}}}\n"
+        )
+    };
+    let profiles = [("mps-50", mps(50)), ("mps-25", mps(25))];
+    let bed = Bed::new("gpu-mps-limits", h100s(1, false), &profiles, "mps-50");
+    let gpu = bed.gpu_uuid(0);
+    bed.holder("client", GPU, &[&format!("{gpu}::0")]);
+    let gone = bed.change_to("mps-25", &profiles[1].1);
+    assert_eq!(gone, set(&["client"]), "{}", bed.node.log());
+    let want = "stays MPS but goes from 2 holders, 50% of the threads each to 2 holders, 25% \
+                of the threads each";
+    assert!(
+        notes(&bed.api, "Reallocating")
+            .iter()
+            .any(|n| n.contains(want)),
+        "{:?}",
+        notes(&bed.api, "Reallocating")
+    );
 }
 
 /// Time-slicing → exclusive: every replica's holder leaves before the GPU is advertised whole
@@ -217,12 +274,15 @@ fn the_same_ids_shared_through_mps_instead_of_time_slicing_drain_their_holders()
 
 /// `gpu-share plan --advertised` reads the advertisement the agent saved (its state dir's
 /// `advertised.json`) and says per device ID, before any label changes, whose holder a change
-/// would evict and why: the same verdicts the agent then acts on (replicas 4 → 2 above).
+/// would evict and why: the same verdicts the agent then acts on (replicas 4 → 2 on GPU 0
+/// above, GPU 1 unchanged).
 #[test]
 fn plan_says_per_device_whose_holder_a_change_evicts() {
-    let profiles = [("ts-4", time_sliced(4)), ("ts-2", time_sliced(2))];
-    let bed = Bed::new("gpu-plan", h100s(1, false), &profiles, "ts-4");
+    let profiles = [("ts-4", gpu0_time_sliced(4)), ("ts-2", gpu0_time_sliced(2))];
+    let bed = Bed::new("gpu-plan", h100s(2, false), &profiles, "ts-4");
     let gpu = bed.gpu_uuid(0);
+    let mut migs = bed.mig_uuids(1);
+    migs.sort();
     let dir = tempfile::tempdir().unwrap();
     let (profile, current) = (dir.path().join("ts-2.yaml"), dir.path().join("node.json"));
     std::fs::write(&profile, &profiles[1].1).unwrap();
@@ -259,11 +319,13 @@ fn plan_says_per_device_whose_holder_a_change_evicts() {
             )
         })
         .collect();
-    let expected: Vec<(String, bool)> = (0..4).map(|r| (format!("{gpu}::{r}"), r >= 2)).collect();
+    let mut expected: Vec<(String, bool)> = (0..4).map(|r| (format!("{gpu}::{r}"), true)).collect();
+    expected.extend(migs.iter().map(|m| (m.clone(), false)));
+    expected.sort();
     assert_eq!(evicts, expected);
     let text = plan("text");
     assert!(
-        text.contains("a pod holding one of 2 of 4 is evicted first"),
+        text.contains("a pod holding one of 4 of 6 is evicted first"),
         "{text}"
     );
     assert!(
@@ -273,7 +335,14 @@ fn plan_says_per_device_whose_holder_a_change_evicts() {
         "{text}"
     );
     assert!(
-        text.contains(&format!("holder stays    {gpu}::0:")),
+        text.contains(&format!(
+            "holder evicted  {gpu}::0: {gpu}::0 (nvidia.com/gpu) stays time-sliced but goes \
+             from 4 holders to 2 holders"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("holder stays    {}:", migs[0])),
         "{text}"
     );
 }

@@ -12,14 +12,22 @@
 //!
 //! The rule, per device ID a pod holds (from the kubelet's PodResources `List`, the same truth
 //! the MIG drain uses): the pod stays only if the new advertisement has that same ID, under the
-//! same resource, shared the same way (exclusive, time-sliced, MPS) as the last advertisement
-//! this node applied. Then the kubelet still counts it as allocated and cannot hand it out
-//! again (replicas that grow under the same names keep every held ID). Otherwise its holder is
-//! drained before the new advertisement is written. The last advertisement is kept in the
-//! state dir ([`ADVERTISEMENT_FILE`]); without it (first start of this version) the sharing
-//! cannot be compared, and only the ID and resource are.
+//! same resource, shared the same way (exclusive, time-sliced, MPS) and on the same terms
+//! ([`Terms`]: replica count, MPS limits) as the last advertisement this node applied. Then
+//! the kubelet still counts it as allocated and cannot hand it out again, and its holder runs
+//! on the terms the node still offers. Otherwise its holder is drained before the new
+//! advertisement is written. The terms count because a holder started under them: MPS applies
+//! a client's limits when it connects, so a holder of a 40 GiB share keeps 40 GiB after the
+//! device is cut into 20 GiB shares, and the new tenants beside it are promised memory it can
+//! take; a time-sliced GPU cut into more replicas gives each holder less of it. The same rule
+//! holds for DRA devices held through claims ([`claims_reallocated`]): a device the next
+//! publish lacks, or publishes with another `sharing`, `replicas` or MPS limit attribute.
+//!
+//! The last advertisement is kept in the state dir ([`ADVERTISEMENT_FILE`]); without it (first
+//! start of this version) the sharing cannot be compared, and only the ID and resource are;
+//! one saved before terms were kept compares the sharing mode only.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
@@ -27,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::atomic_file;
 use crate::builtin_plugin::inventory::{DeviceEntry, Inventory};
+use crate::dra::api::ResourceSlice;
 use crate::kubelet::pod_resources::api::ListPodResourcesResponse;
 use crate::kubelet::pod_resources::{device_uuid, PodName};
 use crate::plan::ObservedNode;
@@ -56,17 +65,55 @@ impl fmt::Display for Sharing {
     }
 }
 
+/// The terms one device is handed out on, beyond its sharing mode: a holder started under
+/// them (module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Terms {
+    /// How many holders share the device (1: not shared).
+    pub replicas: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_thread_percentage: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned_memory_limit_mib: Option<u64>,
+}
+
+impl fmt::Display for Terms {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let holders = if self.replicas == 1 {
+            "holder"
+        } else {
+            "holders"
+        };
+        write!(f, "{} {holders}", self.replicas)?;
+        if let Some(pct) = self.active_thread_percentage {
+            write!(f, ", {pct}% of the threads each")?;
+        }
+        if let Some(mib) = self.pinned_memory_limit_mib {
+            write!(f, ", {mib} MiB pinned memory each")?;
+        }
+        Ok(())
+    }
+}
+
 /// How one device ID is advertised.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Advertised {
     pub resource: String,
     pub sharing: Sharing,
+    /// None in an advertisement saved before terms were kept: the sharing mode is compared,
+    /// the terms are not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terms: Option<Terms>,
 }
 
-/// Every device ID a node advertises, with its resource and sharing.
+/// Every device ID a node advertises, with its resource and sharing; with `--plugin dra`,
+/// also every device its ResourceSlices publish, by device name.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Advertisement {
     pub devices: BTreeMap<String, Advertised>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub dra_devices: BTreeMap<String, Advertised>,
 }
 
 impl Advertisement {
@@ -81,11 +128,21 @@ impl Advertisement {
                 let advertised = Advertised {
                     resource: r.resource.clone(),
                     sharing: sharing_of(d),
+                    terms: Some(terms_of(d)),
                 };
                 (d.id.clone(), advertised)
             })
             .collect();
-        Advertisement { devices }
+        Advertisement {
+            devices,
+            dra_devices: BTreeMap::new(),
+        }
+    }
+
+    /// This advertisement with the devices `slices` publish (`--plugin dra`).
+    pub fn with_dra(mut self, slices: &[ResourceSlice]) -> Self {
+        self.dra_devices = dra_advertised(slices);
+        self
     }
 
     /// The advertisement last saved in `state_dir`; none when there is none or it cannot be
@@ -112,6 +169,52 @@ fn sharing_of(device: &DeviceEntry) -> Sharing {
         (None, 0 | 1) => Sharing::Exclusive,
         (None, _) => Sharing::TimeSlicing,
     }
+}
+
+fn terms_of(device: &DeviceEntry) -> Terms {
+    Terms {
+        replicas: device.replicas.max(1),
+        active_thread_percentage: device.mps.as_ref().and_then(|m| m.active_thread_percentage),
+        pinned_memory_limit_mib: device.mps.as_ref().and_then(|m| m.pinned_memory_limit_mib),
+    }
+}
+
+/// The devices `slices` publish, read back from their attributes (`sharing`, `replicas`,
+/// `mpsActiveThreadPercentage`, `mpsPinnedMemoryLimitMiB`: [`crate::dra`]), under the
+/// resource `<driver>/<pool>`.
+fn dra_advertised(slices: &[ResourceSlice]) -> BTreeMap<String, Advertised> {
+    let mut out = BTreeMap::new();
+    for slice in slices {
+        let resource = format!("{}/{}", slice.spec.driver, slice.spec.pool.name);
+        for device in &slice.spec.devices {
+            let int = |name: &str| device.attributes.get(name).and_then(|a| a.int);
+            let sharing = match device
+                .attributes
+                .get("sharing")
+                .and_then(|a| a.string.as_deref())
+            {
+                Some("mps") => Sharing::Mps,
+                Some("timeSlicing") => Sharing::TimeSlicing,
+                _ => Sharing::Exclusive,
+            };
+            let terms = Terms {
+                replicas: int("replicas")
+                    .and_then(|n| u64::try_from(n).ok())
+                    .unwrap_or(1),
+                active_thread_percentage: int("mpsActiveThreadPercentage")
+                    .and_then(|n| u32::try_from(n).ok()),
+                pinned_memory_limit_mib: int("mpsPinnedMemoryLimitMiB")
+                    .and_then(|n| u64::try_from(n).ok()),
+            };
+            let advertised = Advertised {
+                resource: resource.clone(),
+                sharing,
+                terms: Some(terms),
+            };
+            out.insert(device.name.clone(), advertised);
+        }
+    }
+    out
 }
 
 /// One device ID a pod holds, as the kubelet lists it.
@@ -156,15 +259,18 @@ pub fn held_devices(list: &ListPodResourcesResponse, observed: &ObservedNode) ->
 }
 
 /// The DRA devices of this node's pool (driver [`crate::dra::DRIVER`], pool `node`) that pods'
-/// claims hold, as the kubelet lists them (`dynamic_resources`, Kubernetes 1.34+), whose name
-/// the next publish (`next`) lacks: the device goes away or turns into others (a re-partition,
-/// shares becoming one device), so the scheduler would allocate its hardware to another claim
-/// while the holder runs. Measured on a real kubelet 1.36: a pod holding a destroyed MIG device
-/// through a claim was not evicted and kept running on a device that no longer existed.
-pub fn claims_losing_devices(
+/// claims hold, as the kubelet lists them (`dynamic_resources`, Kubernetes 1.34+), that the
+/// next publish (`after`'s DRA devices) lacks or publishes otherwise than `before` did. A
+/// device that goes away or turns into others (a re-partition, shares becoming one device)
+/// would have its hardware allocated to another claim while the holder runs: measured on a
+/// real kubelet 1.36, a pod holding a destroyed MIG device through a claim was not evicted
+/// and kept running on a device that no longer existed. A device that keeps its name but not
+/// its sharing or terms would leave its holder on terms the node no longer offers (module doc).
+pub fn claims_reallocated(
     list: &ListPodResourcesResponse,
     node: &str,
-    next: &BTreeSet<String>,
+    before: Option<&Advertisement>,
+    after: &Advertisement,
 ) -> Vec<(Held, String)> {
     let mut out = Vec::new();
     for pod in &list.pod_resources {
@@ -174,8 +280,7 @@ pub fn claims_losing_devices(
         };
         for claim in pod.containers.iter().flat_map(|c| &c.dynamic_resources) {
             for device in &claim.claim_resources {
-                let ours = device.driver_name == crate::dra::DRIVER && device.pool_name == node;
-                if !ours || next.contains(&device.device_name) {
+                if device.driver_name != crate::dra::DRIVER || device.pool_name != node {
                     continue;
                 }
                 let held = Held {
@@ -183,9 +288,17 @@ pub fn claims_losing_devices(
                     resource: format!("{}/{}", device.driver_name, device.pool_name),
                     id: device.device_name.clone(),
                 };
+                let was = before.and_then(|b| b.dra_devices.get(&held.id));
+                let change = match after.dra_devices.get(&held.id) {
+                    None => "is not published by the new profile".to_string(),
+                    Some(now) => match was.and_then(|was| change_of_terms(was, now)) {
+                        Some(change) => change,
+                        None => continue,
+                    },
+                };
                 let why = format!(
-                    "DRA device {} (claim {}/{}) is not published by the new profile",
-                    device.device_name, claim.claim_namespace, claim.claim_name
+                    "DRA device {} (claim {}/{}) {change}",
+                    held.id, claim.claim_namespace, claim.claim_name
                 );
                 if !out.iter().any(|(h, _)| h == &held) {
                     out.push((held, why));
@@ -194,6 +307,20 @@ pub fn claims_losing_devices(
         }
     }
     out
+}
+
+/// How a device kept under its name changes its sharing or terms (`"goes from … to …"`), if
+/// it does; terms are compared only when both sides know them.
+fn change_of_terms(was: &Advertised, now: &Advertised) -> Option<String> {
+    if was.sharing != now.sharing {
+        return Some(format!("goes from {} to {}", was.sharing, now.sharing));
+    }
+    match (was.terms, now.terms) {
+        (Some(a), Some(b)) if a != b => {
+            Some(format!("stays {} but goes from {a} to {b}", now.sharing))
+        }
+        _ => None,
+    }
 }
 
 /// What becomes of one held device ID, and why (said in the log and the drain's Event).
@@ -230,14 +357,13 @@ fn judge_id(
         ));
     }
     match before.and_then(|b| b.devices.get(id)) {
-        Some(was) if was.sharing != now.sharing => Verdict::Reallocated(format!(
-            "{id} ({resource}) goes from {} to {}",
-            was.sharing, now.sharing
-        )),
-        Some(_) => Verdict::Stays(format!(
-            "{id} stays advertised as {resource}, {}",
-            now.sharing
-        )),
+        Some(was) => match change_of_terms(was, now) {
+            Some(change) => Verdict::Reallocated(format!("{id} ({resource}) {change}")),
+            None => Verdict::Stays(format!(
+                "{id} stays advertised as {resource}, {}",
+                now.sharing
+            )),
+        },
         None => Verdict::Stays(format!(
             "{id} stays advertised as {resource}, now {} (how it was shared before is not \
              known)",
@@ -366,10 +492,28 @@ mod tests {
                         Advertised {
                             resource: resource.to_string(),
                             sharing: *sharing,
+                            terms: None,
                         },
                     )
                 })
                 .collect(),
+            dra_devices: BTreeMap::new(),
+        }
+    }
+
+    /// `ad` with every device on `terms`.
+    fn on_terms(mut ad: Advertisement, terms: Terms) -> Advertisement {
+        for advertised in ad.devices.values_mut() {
+            advertised.terms = Some(terms);
+        }
+        ad
+    }
+
+    fn terms(replicas: u64, pct: Option<u32>, mib: Option<u64>) -> Terms {
+        Terms {
+            replicas,
+            active_thread_percentage: pct,
+            pinned_memory_limit_mib: mib,
         }
     }
 
@@ -495,6 +639,136 @@ mod tests {
             judge(&held(GPU, "GPU-a::0"), None, &mps),
             Verdict::Stays(_)
         ));
+    }
+
+    /// Issue 37 item 3: a device that keeps its ID, resource and sharing mode but not its
+    /// terms. Replicas 2 → 4 under time-slicing keep every held ID (the kubelet still counts
+    /// them) but halve each holder's GPU time; MPS limits 40 GiB → 20 GiB leave a holder able
+    /// to take memory promised to the newcomers (MPS fixes a client's limits when it
+    /// connects: reference/h200-mps-measured.md). Without the terms known (an advertisement
+    /// saved by an older agent) only the mode is compared, as before.
+    #[test]
+    fn a_change_of_terms_under_the_same_id_is_a_reallocation() {
+        let ids2 = replicas("GPU-a", GPU, 2);
+        let ids4 = replicas("GPU-a", GPU, 4);
+        let ts2 = on_terms(of(&ids2, Sharing::TimeSlicing), terms(2, None, None));
+        let ts4 = on_terms(of(&ids4, Sharing::TimeSlicing), terms(4, None, None));
+        assert_eq!(
+            judge(&held(GPU, "GPU-a::0"), Some(&ts2), &ts4),
+            Verdict::Reallocated(
+                "GPU-a::0 (nvidia.com/gpu) stays time-sliced but goes from 2 holders to 4 \
+                 holders"
+                    .into()
+            )
+        );
+        let mps = |mib| on_terms(of(&ids2, Sharing::Mps), terms(2, Some(50), Some(mib)));
+        assert_eq!(
+            judge(&held(GPU, "GPU-a::1"), Some(&mps(40960)), &mps(20480)),
+            Verdict::Reallocated(
+                "GPU-a::1 (nvidia.com/gpu) stays MPS but goes from 2 holders, 50% of the \
+                 threads each, 40960 MiB pinned memory each to 2 holders, 50% of the threads \
+                 each, 20480 MiB pinned memory each"
+                    .into()
+            )
+        );
+        // Unchanged terms: nobody is drained.
+        assert!(matches!(
+            judge(&held(GPU, "GPU-a::1"), Some(&mps(20480)), &mps(20480)),
+            Verdict::Stays(_)
+        ));
+        // Saved before terms were kept: the mode is the same, so it stays.
+        let old = of(&ids2, Sharing::TimeSlicing);
+        assert!(matches!(
+            judge(&held(GPU, "GPU-a::0"), Some(&old), &ts4),
+            Verdict::Stays(_)
+        ));
+    }
+
+    /// An advertisement saved before terms were kept still loads (no `terms`, no
+    /// `draDevices`).
+    #[test]
+    fn an_advertisement_without_terms_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = r#"{"devices": {"GPU-a::0": {"resource": "nvidia.com/gpu", "sharing": "timeSlicing"}}}"#;
+        std::fs::write(dir.path().join(ADVERTISEMENT_FILE), old).unwrap();
+        let loaded = Advertisement::load(dir.path()).expect("loads");
+        assert_eq!(loaded.devices["GPU-a::0"].terms, None);
+        assert!(loaded.dra_devices.is_empty());
+    }
+
+    /// The DRA side reads the terms back from the slices `crate::dra` publishes, so a claim
+    /// holding a share is judged by the attributes the scheduler saw.
+    #[test]
+    fn a_dra_claims_device_that_changes_terms_or_goes_is_reallocated() {
+        use crate::kubelet::pod_resources::api::{
+            ClaimResource, ContainerResources, DynamicResource, PodResources,
+        };
+        let slices = |profile: &str| {
+            let profile = crate::profile::parse_profile("p", profile).unwrap();
+            let node = ObservedNode::simulated(&["h100x1".to_string()]);
+            let plan = crate::plan::plan_for("p", &profile, &node, crate::sharing::PluginKind::Dra)
+                .unwrap();
+            let slices = crate::dra::resource_slices("node-a", 1, &plan.gpus, &node);
+            Advertisement::default().with_dra(&slices)
+        };
+        let rule = |mode: &str| format!("version: v1\nrules:\n  - devices: all\n    {mode}\n");
+        let ts = slices(&rule("timeSlicing: {replicas: 2}"));
+        let mps = slices(&rule("mps: {replicas: 2}"));
+        let ts4 = slices(&rule("timeSlicing: {replicas: 4}"));
+        let exclusive = slices(&rule("exclusive: true"));
+        assert_eq!(
+            ts.dra_devices["gpu-0-share-1"].sharing,
+            Sharing::TimeSlicing
+        );
+        assert_eq!(mps.dra_devices["gpu-0-share-1"].sharing, Sharing::Mps);
+        let holding = |device: &str| ListPodResourcesResponse {
+            pod_resources: vec![PodResources {
+                name: "p".into(),
+                namespace: "default".into(),
+                containers: vec![ContainerResources {
+                    name: "c".into(),
+                    devices: vec![],
+                    dynamic_resources: vec![DynamicResource {
+                        claim_name: "c1".into(),
+                        claim_namespace: "default".into(),
+                        claim_resources: vec![ClaimResource {
+                            driver_name: crate::dra::DRIVER.into(),
+                            pool_name: "node-a".into(),
+                            device_name: device.into(),
+                            ..Default::default()
+                        }],
+                    }],
+                }],
+            }],
+        };
+        let why = |before: &Advertisement, after: &Advertisement| -> Vec<String> {
+            claims_reallocated(&holding("gpu-0-share-1"), "node-a", Some(before), after)
+                .into_iter()
+                .map(|(_, why)| why)
+                .collect()
+        };
+        assert_eq!(
+            why(&ts, &mps),
+            ["DRA device gpu-0-share-1 (claim default/c1) goes from time-sliced to MPS"]
+        );
+        assert_eq!(
+            why(&ts, &ts4),
+            [
+                "DRA device gpu-0-share-1 (claim default/c1) stays time-sliced but goes from 2 \
+              holders to 4 holders"
+            ]
+        );
+        assert_eq!(
+            why(&ts, &exclusive),
+            ["DRA device gpu-0-share-1 (claim default/c1) is not published by the new profile"]
+        );
+        assert!(
+            why(&ts, &ts).is_empty(),
+            "an unchanged device drains nobody"
+        );
+        // Another node's pool or driver is not ours.
+        let other = claims_reallocated(&holding("gpu-0-share-1"), "node-b", Some(&ts), &mps);
+        assert!(other.is_empty());
     }
 
     #[test]

@@ -2,13 +2,9 @@
 //! pods hold devices the new profile advertises otherwise (asking the kubelet), and after an
 //! apply, the advertisement to compare the next change with.
 
-use std::collections::BTreeSet;
-
 use tracing::{debug, info, warn};
 
-use super::advertisement::{
-    claims_losing_devices, held_devices, judge, Advertisement, Held, Verdict,
-};
+use super::advertisement::{claims_reallocated, held_devices, judge, Advertisement, Held, Verdict};
 use super::reconcile::{Reconciler, KUBELET_TIMEOUT};
 use crate::builtin_plugin::inventory::Inventory;
 use crate::kubelet::pod_resources::list as list_pod_resources;
@@ -27,9 +23,9 @@ impl Reconciler {
         options: &PluginOptions,
     ) -> Vec<(Held, String)> {
         let inventory = Inventory::from_plan(plan, observed, options, &self.apply.mps.root);
-        let after = Advertisement::of(&inventory);
+        let after = self.advertisement(&inventory, plan, observed);
         let before = Advertisement::load(&self.apply.state_dir);
-        // With DRA the claims' devices are compared by name with the next publish: always ask.
+        // With DRA a claim may hold a device no publish had (made out of band): always ask.
         if before.as_ref() == Some(&after) && self.dra.is_none() {
             return Vec::new();
         }
@@ -44,19 +40,7 @@ impl Reconciler {
         };
         let mut out = Vec::new();
         if self.dra.is_some() {
-            let published = crate::dra::resource_slices_with(
-                &self.node_name,
-                0,
-                &plan.gpus,
-                observed,
-                &self.claimed_instances(),
-            );
-            let next: BTreeSet<String> = published
-                .iter()
-                .flat_map(|s| &s.spec.devices)
-                .map(|d| d.name.clone())
-                .collect();
-            for (held, why) in claims_losing_devices(&list, &self.node_name, &next) {
+            for (held, why) in claims_reallocated(&list, &self.node_name, before.as_ref(), &after) {
                 info!(pod = %held.pod, %why, "device re-allocated: its holder is drained first");
                 out.push((held, why));
             }
@@ -73,10 +57,38 @@ impl Reconciler {
         out
     }
 
+    /// What `plan` advertises: the device plugin's IDs (`inventory`) and, with `--plugin dra`,
+    /// the devices its slices publish.
+    fn advertisement(
+        &self,
+        inventory: &Inventory,
+        plan: &NodePlan,
+        observed: &ObservedNode,
+    ) -> Advertisement {
+        let advertisement = Advertisement::of(inventory);
+        if self.dra.is_none() {
+            return advertisement;
+        }
+        let slices = crate::dra::resource_slices_with(
+            &self.node_name,
+            0,
+            &plan.gpus,
+            observed,
+            &self.claimed_instances(),
+        );
+        advertisement.with_dra(&slices)
+    }
+
     /// Remember what the node now advertises, for the next change to compare with. A failed
-    /// write is a warning: the next change then compares IDs and resources only.
-    pub(super) fn save_advertisement(&self, inventory: &Inventory) {
-        if let Err(e) = Advertisement::of(inventory).save(&self.apply.state_dir) {
+    /// write is a warning: the next change then compares device IDs and resources only.
+    pub(super) fn save_advertisement(
+        &self,
+        inventory: &Inventory,
+        plan: &NodePlan,
+        observed: &ObservedNode,
+    ) {
+        let advertisement = self.advertisement(inventory, plan, observed);
+        if let Err(e) = advertisement.save(&self.apply.state_dir) {
             warn!(error = %e, dir = %self.apply.state_dir.display(), "cannot save the node's \
                   advertisement; the next change compares device IDs and resources only");
         }

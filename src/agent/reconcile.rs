@@ -583,7 +583,7 @@ impl Reconciler {
         let (inventory, observed) = self
             .applied_inventory(&report.plan, &plugin_options)
             .await?;
-        self.save_advertisement(&inventory);
+        self.save_advertisement(&inventory, &report.plan, &observed);
         if let Some(plugins) = &self.plugins {
             self.refresh_cdi(!report.steps.is_empty()).await?;
             plugins.update(inventory.clone()).await;
