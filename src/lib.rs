@@ -28,6 +28,7 @@ pub mod mps;
 pub mod nvidia_plugin;
 pub mod plan;
 pub mod profile;
+pub mod published;
 pub mod sharing;
 pub mod timeslice;
 pub mod validate;

@@ -460,33 +460,102 @@ fn files_of_one_module_import_each_other_one_way() {
     );
 }
 
-/// The rooms in the order they may import each other (each only the ones before it): the
-/// profile format below the modes, which see the sharing vocabulary, never the validation that
-/// composes them, the plan or the plugin config.
-#[test]
-fn sharing_modes_sit_below_plan_and_plugin_config() {
-    let graph = graph(&sources());
-    let order = [
-        "profile",
-        "sharing",
-        "timeslice",
-        "mps",
-        "nvidia_plugin",
-        "validate",
-        "plan",
-    ];
-    for (i, room) in order.iter().enumerate() {
-        let imports = graph
-            .get(*room)
-            .unwrap_or_else(|| panic!("no room {room} in src/"));
-        for upper in &order[i + 1..] {
-            assert!(
-                !imports.contains_key(*upper),
-                "{room} imports {upper}, which sits above it: {}",
-                imports[*upper].join(", ")
-            );
+/// The floors of the sharing rooms, bottom up: a room imports only rooms on floors below its
+/// own, never a room beside it. The profile format; the MIG catalog and solver (every mode
+/// reads the catalog: MPS inside a MIG device needs the profile's memory, time-sliced MIG
+/// devices their resource names, so it is vocabulary, as the brief's architecture has it); the
+/// NVML door and the sharing vocabulary (resource names, what a GPU is planned to be); the
+/// modes side by side; the NVIDIA plugin's rules; validation, which composes them; the plan.
+const SHARING_FLOORS: &[&[&str]] = &[
+    &["profile"],
+    &["mig"],
+    &["gpu", "sharing"],
+    &["timeslice", "mps"],
+    &["nvidia_plugin"],
+    &["validate"],
+    &["plan"],
+];
+
+/// What of `floors` a `graph` breaks: a room importing a room on its own floor or above.
+fn floor_breaks(graph: &Graph, floors: &[&[&str]]) -> Vec<String> {
+    let mut breaks = Vec::new();
+    for (level, floor) in floors.iter().enumerate() {
+        for room in *floor {
+            let Some(imports) = graph.get(*room) else {
+                breaks.push(format!("no room {room} in src/"));
+                continue;
+            };
+            let same_or_above = floors[level..].iter().flat_map(|f| f.iter());
+            for other in same_or_above.filter(|other| *other != room) {
+                if let Some(places) = imports.get(*other) {
+                    breaks.push(format!(
+                        "{room} imports {other}, which is not below it: {}",
+                        places.join(", ")
+                    ));
+                }
+            }
         }
     }
+    breaks
+}
+
+/// The sharing modes stand side by side on one floor, above the vocabulary they share and
+/// below the plugin config, the validation and the plan that compose them (issue 39 item 2).
+#[test]
+fn sharing_modes_stand_side_by_side_below_plan_and_plugin_config() {
+    let breaks = floor_breaks(&graph(&sources()), SHARING_FLOORS);
+    assert!(breaks.is_empty(), "{}", breaks.join("\n"));
+}
+
+/// advise plans offline and reads what agents publish; it stands beside the agent, so what
+/// both need (the Node's labels and annotations) lives below them in `published`.
+#[test]
+fn advise_imports_nothing_from_the_agent() {
+    let graph = graph(&sources());
+    let advise = graph.get("advise").expect("a room advise");
+    assert!(
+        !advise.contains_key("agent"),
+        "advise imports agent: {}",
+        advise
+            .get("agent")
+            .map(|p| p.join(", "))
+            .unwrap_or_default()
+    );
+}
+
+/// The floor check sees a mode importing its sibling, and an import from above.
+#[test]
+fn the_floor_check_sees_a_mode_importing_another() {
+    let mut graph = Graph::new();
+    for room in ["profile", "sharing", "timeslice", "mps", "plan"] {
+        graph.insert(room.to_string(), BTreeMap::new());
+    }
+    add_edge(
+        &mut graph,
+        "mps",
+        "timeslice".into(),
+        "src/mps/mod.rs:1".into(),
+    );
+    add_edge(
+        &mut graph,
+        "sharing",
+        "plan".into(),
+        "src/sharing.rs:2".into(),
+    );
+    add_edge(
+        &mut graph,
+        "timeslice",
+        "sharing".into(),
+        "src/timeslice/mod.rs:3".into(),
+    );
+    let floors: &[&[&str]] = &[&["profile"], &["sharing"], &["timeslice", "mps"], &["plan"]];
+    assert_eq!(
+        floor_breaks(&graph, floors),
+        [
+            "sharing imports plan, which is not below it: src/sharing.rs:2",
+            "mps imports timeslice, which is not below it: src/mps/mod.rs:1",
+        ]
+    );
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! A profile change that keeps a device but advertises it otherwise (another ID, resource,
 //! sharing or terms) drains the device's holders first, so the kubelet never hands it to a
 //! second pod and no holder runs on terms the node no longer offers; holders of devices
-//! advertised as before stay (src/agent/advertisement.rs).
+//! advertised as before stay (src/agent/advertisement/).
 //!
 //! Each case is one a real kubelet 1.36 with NVIDIA's device plugin got wrong before this
 //! (time-slicing → exclusive, MIG strategy mixed → single, replicas 4 → 2), and its reverse;

@@ -24,14 +24,13 @@ use super::demand::{from_pod, Demand, HeldDevice, Phase, PodDemand};
 use super::node_gpus::{gpu_spec, gpus_of, has_gpu_labels, label};
 use super::running::check_held_devices;
 use super::supply::{Supply, SupplyNode};
-use crate::agent::devices_in_use::DEVICES_IN_USE_ANNOTATION;
-use crate::agent::node::{
-    annotation as node_annotation, APPLIED_HASH_ANNOTATION, CORDON_ANNOTATION,
-};
-use crate::agent::reconcile::content_hash;
 use crate::gpu::MAX_SIMULATED_GPUS;
 use crate::profile::parse_profile;
 use crate::profile::PROFILE_LABEL;
+use crate::published::{
+    annotation as node_annotation, content_hash, APPLIED_HASH_ANNOTATION, CORDON_ANNOTATION,
+    DEVICES_IN_USE_ANNOTATION,
+};
 use crate::sharing::PluginKind;
 
 /// What advise reads from the cluster, as the API server returned it.
@@ -164,7 +163,7 @@ fn pin_held_devices(cluster: &Cluster, input: &mut LiveInput, plugin: PluginKind
     let mut annotations: BTreeMap<&str, BTreeMap<String, serde_json::Value>> = BTreeMap::new();
     for node in &cluster.nodes {
         let name = node.metadata.name.as_deref().unwrap_or_default();
-        let Some(text) = crate::agent::node::annotation(node, DEVICES_IN_USE_ANNOTATION) else {
+        let Some(text) = node_annotation(node, DEVICES_IN_USE_ANNOTATION) else {
             continue;
         };
         match serde_json::from_str(text) {

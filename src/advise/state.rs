@@ -14,7 +14,7 @@ use crate::sharing::PlannedMode;
 /// this each pod's share of the GPU is too small to serve with.
 pub const MAX_TIME_SLICES: u32 = 16;
 /// The MPS server's client limit on Volta and later.
-pub const MAX_MPS_CLIENTS: u32 = crate::mps::MAX_REPLICAS as u32;
+pub const MAX_MPS_CLIENTS: u32 = crate::profile::MAX_MPS_REPLICAS as u32;
 
 /// How a GPU is shared in the proposal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -33,8 +33,7 @@ use crate::kubelet::pod_resources::api::ListPodResourcesResponse;
 use crate::kubelet::pod_resources::list as list_pod_resources;
 use crate::plan::ObservedNode;
 
-/// Node annotation: which devices each pod on the node holds (compact JSON, see module doc).
-pub const DEVICES_IN_USE_ANNOTATION: &str = "gpu-share.dev/devices-in-use";
+pub use crate::published::DEVICES_IN_USE_ANNOTATION;
 /// The key that, when present, says how many pods were left out of a cut annotation.
 pub const TRUNCATED_KEY: &str = "gpu-share.dev/truncated";
 /// The most bytes of JSON the annotation holds (a quarter of the API's 256 KiB annotation cap).

@@ -1,5 +1,6 @@
-//! What the agent publishes on its Node: the state label, the reason and applied-profile hash
-//! annotations, and a cordon that always carries the reason it was made for.
+//! How the agent writes what it publishes on its Node (the vocabulary is
+//! [`crate::published`]'s): the state label, the reason and applied-profile hash annotations,
+//! and a cordon that always carries the reason it was made for.
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
@@ -7,77 +8,10 @@ use kube::Api;
 use serde_json::json;
 
 pub use crate::profile::PROFILE_LABEL;
-/// `pending`, `draining`, `applying`, `success` or `failed`.
-pub const STATE_LABEL: &str = "gpu-share.dev/profile.state";
-/// Why the state is what it is, in a sentence.
-pub const REASON_ANNOTATION: &str = "gpu-share.dev/profile.reason";
-/// sha256 of the profile text last applied successfully.
-pub const APPLIED_HASH_ANNOTATION: &str = "gpu-share.dev/profile.applied-hash";
-/// Present while gpu-share holds the node cordoned; its value says why.
-pub const CORDON_ANNOTATION: &str = "gpu-share.dev/cordoned";
-/// The pods the author of a profile (the autopilot) predicted its change evicts, as JSON
-/// [`ExpectedEvictions`]: the agent drains no pod outside it for that profile.
-pub const EXPECTED_EVICTIONS_ANNOTATION: &str = "gpu-share.dev/expected-evictions";
-
-/// A prediction of the pods a profile's change evicts on a node. It holds for the profile
-/// text whose sha256 is `hash` only, so a prediction left from an earlier proposal, or a
-/// profile a person labelled, is not checked against it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ExpectedEvictions {
-    /// sha256 of the profile text it was made for (the applied-hash of that text).
-    pub hash: String,
-    /// `namespace/name` of each pod.
-    pub pods: std::collections::BTreeSet<String>,
-}
-
-impl ExpectedEvictions {
-    /// The prediction on `node` made for the profile text hashed `hash`, if any.
-    pub fn on(node: &Node, hash: &str) -> Option<Self> {
-        let text = annotation(node, EXPECTED_EVICTIONS_ANNOTATION)?;
-        serde_json::from_str::<Self>(text)
-            .ok()
-            .filter(|e| e.hash == hash)
-    }
-}
-
-/// The reconcile states, as the state label spells them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
-    Pending,
-    Draining,
-    Applying,
-    Success,
-    Failed,
-    /// Waiting for a pod the drain may not evict (a bare pod, emptyDir data) to go, or for the
-    /// profile's author to predict the evictions the drain needs.
-    Blocked,
-}
-
-impl State {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Pending => "pending",
-            State::Draining => "draining",
-            State::Applying => "applying",
-            State::Success => "success",
-            State::Failed => "failed",
-            State::Blocked => "blocked",
-        }
-    }
-}
-
-/// A label or annotation of `node`.
-pub fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
-    node.metadata.labels.as_ref()?.get(key).map(String::as_str)
-}
-
-pub fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
-    node.metadata
-        .annotations
-        .as_ref()?
-        .get(key)
-        .map(String::as_str)
-}
+pub use crate::published::{
+    annotation, label, ExpectedEvictions, State, APPLIED_HASH_ANNOTATION, CORDON_ANNOTATION,
+    EXPECTED_EVICTIONS_ANNOTATION, REASON_ANNOTATION, STATE_LABEL,
+};
 
 fn params() -> PatchParams {
     crate::field_manager::patch(crate::field_manager::AGENT)

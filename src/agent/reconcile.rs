@@ -22,7 +22,6 @@ use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{DeleteParams, ListParams};
 use kube::runtime::events::{EventType, Recorder};
 use kube::Api;
-use sha2::{Digest, Sha256};
 use tracing::{info, info_span, warn, Instrument};
 
 use super::advertisement::Held;
@@ -58,11 +57,7 @@ pub enum Desired {
     Profile { key: String, text: String },
 }
 
-/// The sha256 of a profile's text, as published in the applied-hash annotation.
-pub fn content_hash(text: &str) -> String {
-    let digest = Sha256::digest(text.as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use crate::published::content_hash;
 
 /// Everything a reconcile needs.
 pub struct Reconciler {

@@ -133,7 +133,7 @@ pub fn pinned_over_every_model(mps: &Mps, models: &[&crate::mig::GpuModel]) -> O
 pub fn plugin_resources(mode: &PlannedMode) -> Vec<(String, u64)> {
     match mode {
         PlannedMode::Mps { replicas, .. } => {
-            vec![(crate::timeslice::GPU_RESOURCE.to_string(), *replicas)]
+            vec![(crate::sharing::GPU_RESOURCE.to_string(), *replicas)]
         }
         _ => Vec::new(),
     }

@@ -3,8 +3,8 @@
 //! Messages are the plugin's (docs/sources.md#device-plugin-refusals).
 
 use super::config::{PluginConfig, ReplicatedResources};
-use crate::mps::MAX_REPLICAS;
 use crate::profile::MigStrategy;
+use crate::profile::MAX_MPS_REPLICAS as MAX_REPLICAS;
 
 /// Every reason the plugin (or its MPS daemon) would refuse this config.
 pub fn check(config: &PluginConfig) -> Vec<String> {

@@ -19,7 +19,7 @@ use crate::nvidia_plugin::{self, PluginConfig};
 use crate::profile::{
     mig_counts, DeviceSelector, MigStrategy, Mode, Problem, Profile, Rule, RuleRef,
 };
-use crate::sharing::PluginKind;
+use crate::sharing::{PluginKind, GPU_RESOURCE};
 use crate::timeslice;
 use crate::validate::{mig_strategy, validate_for};
 
@@ -324,7 +324,7 @@ fn plan_gpu(
         _ => 1,
     };
     plan.resources
-        .insert(shared_name("nvidia.com/gpu", rename, replicas), replicas);
+        .insert(shared_name(GPU_RESOURCE, rename, replicas), replicas);
     Ok(plan)
 }
 

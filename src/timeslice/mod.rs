@@ -3,8 +3,7 @@
 //! its share of the advertised resources.
 
 use crate::profile::{MigStrategy, TimeSlicing};
-use crate::sharing::PlannedMode;
-pub use crate::sharing::GPU_RESOURCE;
+use crate::sharing::{PlannedMode, GPU_RESOURCE};
 
 /// The replica bounds are part of the profile format (its schema states them); this mode checks them.
 pub use crate::profile::{
