@@ -8,18 +8,31 @@
 
 use std::time::Duration;
 
+/// A duration flag or variable that cannot be read, each kind with what to write instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    #[error("{text:?} is not a duration (negative or not a number): write it as 15s, 5m or 1h30m")]
+    NotANumber { text: String },
+    #[error("{text:?} is not a duration ({why}): write it as 15s, 5m or 1h30m")]
+    Unreadable { text: String, why: String },
+    #[error("{text:?}: must be more than zero")]
+    Zero { text: String },
+    #[error("{text:?}: a Lease lasts whole seconds, from 1s to 1h")]
+    NotALease { text: String },
+}
+
 /// `15s`, `5m`, or a bare number of seconds (`600`, `0.5`).
-pub fn secs_or_duration(text: &str) -> Result<Duration, String> {
+pub fn secs_or_duration(text: &str) -> Result<Duration, DurationError> {
     match text.trim().parse::<f64>() {
-        Ok(secs) => Duration::try_from_secs_f64(secs).map_err(|_| {
-            format!("{text:?} is not a duration (negative or not a number): write it as 15s, 5m or 1h30m")
+        Ok(secs) => Duration::try_from_secs_f64(secs).map_err(|_| DurationError::NotANumber {
+            text: text.to_string(),
         }),
         Err(_) => with_unit(text),
     }
 }
 
 /// `500ms`, `2s`, or a bare number of milliseconds (`500`).
-pub fn millis_or_duration(text: &str) -> Result<Duration, String> {
+pub fn millis_or_duration(text: &str) -> Result<Duration, DurationError> {
     match text.trim().parse::<u64>() {
         Ok(millis) => Ok(Duration::from_millis(millis)),
         Err(_) => with_unit(text),
@@ -27,10 +40,12 @@ pub fn millis_or_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// [`secs_or_duration`], more than zero (a timeout of nothing fails every request).
-pub fn positive_secs_or_duration(text: &str) -> Result<Duration, String> {
+pub fn positive_secs_or_duration(text: &str) -> Result<Duration, DurationError> {
     let d = secs_or_duration(text)?;
     if d.is_zero() {
-        return Err(format!("{text:?}: must be more than zero"));
+        return Err(DurationError::Zero {
+            text: text.to_string(),
+        });
     }
     Ok(d)
 }
@@ -38,19 +53,21 @@ pub fn positive_secs_or_duration(text: &str) -> Result<Duration, String> {
 /// A Lease's duration: whole seconds from 1s to 1h, since `leaseDurationSeconds` is an int32
 /// of seconds (a Lease of 0 has always lapsed: see `crate::lease`) and a dead holder should not
 /// hold the fleet up for longer than an hour.
-pub fn lease_duration(text: &str) -> Result<Duration, String> {
+pub fn lease_duration(text: &str) -> Result<Duration, DurationError> {
     let d = secs_or_duration(text)?;
     if d.subsec_nanos() != 0 || !(1..=3600).contains(&d.as_secs()) {
-        return Err(format!(
-            "{text:?}: a Lease lasts whole seconds, from 1s to 1h"
-        ));
+        return Err(DurationError::NotALease {
+            text: text.to_string(),
+        });
     }
     Ok(d)
 }
 
-fn with_unit(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim())
-        .map_err(|e| format!("{text:?} is not a duration ({e}): write it as 15s, 5m or 1h30m"))
+fn with_unit(text: &str) -> Result<Duration, DurationError> {
+    humantime::parse_duration(text.trim()).map_err(|e| DurationError::Unreadable {
+        text: text.to_string(),
+        why: e.to_string(),
+    })
 }
 
 /// How a duration is shown back to the user: `10m`, `1m 30s`, `500ms`.
@@ -81,13 +98,14 @@ mod tests {
     #[test]
     fn nonsense_is_refused_with_the_spelling_to_use() {
         let e = secs_or_duration("soon").unwrap_err();
+        assert!(matches!(e, DurationError::Unreadable { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("\"soon\"") && e.contains("15s, 5m"), "{e}");
-        assert!(secs_or_duration("-3")
-            .unwrap_err()
-            .contains("negative or not a number"));
-        assert!(secs_or_duration("NaN")
-            .unwrap_err()
-            .contains("negative or not a number"));
+        for negative_or_nan in ["-3", "NaN"] {
+            let e = secs_or_duration(negative_or_nan).unwrap_err();
+            assert!(matches!(e, DurationError::NotANumber { .. }), "{e:?}");
+            assert!(e.to_string().contains("negative or not a number"), "{e}");
+        }
         assert!(millis_or_duration("5 parsecs").is_err());
     }
 

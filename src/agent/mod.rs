@@ -317,16 +317,26 @@ pub(crate) fn short_request_config(mut config: kube::Config, limit: Duration) ->
     config
 }
 
+/// Why the start-up check of the GPU stack did not pass; either keeps the agent unready.
+#[derive(Debug, thiserror::Error)]
+enum GpuStackError {
+    /// The driver or NVML layer failed: each failed check, as doctor reports it.
+    #[error("{0}")]
+    Broken(String),
+    /// The check itself did not finish (its blocking task panicked or was cancelled).
+    #[error("the check did not finish: {0}")]
+    NotRun(#[from] tokio::task::JoinError),
+}
+
 /// The driver and NVML layers of `gpu-share doctor`, reported as an Event and in /readyz.
-async fn start_up_checks(args: &AgentArgs, reconciler: &Reconciler) -> Result<(), String> {
+async fn start_up_checks(args: &AgentArgs, reconciler: &Reconciler) -> Result<(), GpuStackError> {
     let options = DoctorOptions {
         host_root: args.host_root.clone(),
         ..DoctorOptions::default()
     };
     let lib = args.nvml_lib.clone();
-    let report = tokio::task::spawn_blocking(move || doctor::run(&options, lib.as_deref(), None))
-        .await
-        .map_err(|e| e.to_string())?;
+    let report =
+        tokio::task::spawn_blocking(move || doctor::run(&options, lib.as_deref(), None)).await?;
     let lower: Vec<&doctor::Check> = report
         .checks
         .iter()
@@ -359,7 +369,7 @@ async fn start_up_checks(args: &AgentArgs, reconciler: &Reconciler) -> Result<()
     }
     if failed {
         warn!(checks = %summary.join("; "), "the GPU stack below gpu-share is broken");
-        Err(summary.join("; "))
+        Err(GpuStackError::Broken(summary.join("; ")))
     } else {
         Ok(())
     }
@@ -492,7 +502,7 @@ async fn reconcile_loop(
     mut cm_rx: watch::Receiver<Option<Option<ConfigMap>>>,
     mut republish: Option<watch::Receiver<u64>>,
     health: &Health,
-    doctor: Result<(), String>,
+    doctor: Result<(), GpuStackError>,
 ) {
     // Wait until both watchers have synced: acting on a half-known world is how the NVIDIA
     // config-manager advertised 0 GPUs at start-up (DP#1645).
@@ -580,7 +590,7 @@ async fn next_request(requests: &mut Option<watch::Receiver<u64>>) -> bool {
 /// Ready once the watchers synced, unless the start-up GPU stack check failed or the API server
 /// refuses the agent's writes to its Node (403: RBAC or the admission policy; retries cannot
 /// mend it, and without the state label nobody would see why nothing happens).
-fn set_readiness(health: &Health, doctor: &Result<(), String>, refused: Option<String>) {
+fn set_readiness(health: &Health, doctor: &Result<(), GpuStackError>, refused: Option<String>) {
     match (doctor, refused) {
         (Err(why), _) => health.set_ready(false, format!("GPU stack check failed: {why}")),
         (Ok(()), Some(write)) => health.set_ready(

@@ -59,6 +59,16 @@ pub enum Desired {
 
 pub use crate::published::content_hash;
 
+/// Why the GPUs could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ObserveError {
+    #[error(transparent)]
+    Nvml(#[from] crate::gpu::GpuError),
+    /// The blocking read panicked or was cancelled.
+    #[error("the NVML read did not finish: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
 /// Everything a reconcile needs.
 pub struct Reconciler {
     pub client: kube::Client,
@@ -317,7 +327,7 @@ impl Reconciler {
         let observed = self
             .observe()
             .await
-            .map_err(|e| failed(Reason::GpuError, e))?;
+            .map_err(|e| failed(Reason::GpuError, e.to_string()))?;
         let node_plan =
             plan_for(key, profile, &observed, self.apply.plugin).map_err(|p| invalid(&p))?;
         let todo = steps(&node_plan, &observed);
@@ -602,7 +612,7 @@ impl Reconciler {
         let observed = self
             .observe()
             .await
-            .map_err(|e| failed(Reason::GpuError, e))?;
+            .map_err(|e| failed(Reason::GpuError, e.to_string()))?;
         let inventory = Inventory::from_plan(plan, &observed, plugin_options, &self.apply.mps.root);
         Ok((inventory, observed))
     }
@@ -657,13 +667,9 @@ impl Reconciler {
     }
 
     /// Read the GPUs from NVML, and remember what was read.
-    pub(super) async fn observe(&self) -> Result<ObservedNode, String> {
+    pub(super) async fn observe(&self) -> Result<ObservedNode, ObserveError> {
         let gpus = self.gpus.clone();
-        let observed = tokio::task::spawn_blocking(move || {
-            gpus.with(Gpus::observe).map_err(|e| e.to_string())
-        })
-        .await
-        .map_err(|e| e.to_string())??;
+        let observed = tokio::task::spawn_blocking(move || gpus.with(Gpus::observe)).await??;
         *self.inventory.lock().expect("not poisoned") = Some(observed.clone());
         Ok(observed)
     }

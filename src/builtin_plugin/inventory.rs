@@ -30,6 +30,31 @@ pub struct ResourceDevices {
     pub fail_requests_greater_than_one: Option<bool>,
 }
 
+/// Why the kubelet's `Allocate` of some device IDs is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocateError {
+    #[error("unknown device {id:?} for {resource}")]
+    UnknownDevice { id: String, resource: String },
+    /// More than one replica of a shared device for one container: the NVIDIA plugin's
+    /// wording (internal/rm/rm.go: ValidateRequest).
+    #[error(
+        "invalid allocation request for {resource:?}: invalid request: maximum request size \
+         for shared resources is 1; found {found}"
+    )]
+    SharedOverOne { resource: String, found: usize },
+    #[error(
+        "the request for {resource} mixes GPUs shared by MPS with GPUs that are not: request \
+         one device"
+    )]
+    MpsBesideOthers { resource: String },
+    /// A client process reaches one MPS daemon: the one in `CUDA_MPS_PIPE_DIRECTORY`.
+    #[error(
+        "the request for {resource} spans {devices} MIG devices, each shared through its own \
+         MPS daemon, but a container can reach only one: request one device"
+    )]
+    SeveralMpsDaemons { resource: String, devices: usize },
+}
+
 /// One schedulable device (a whole GPU, a MIG device, or one replica of either).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceEntry {
@@ -252,25 +277,26 @@ impl ResourceDevices {
 
     /// One container's allocation: `NVIDIA_VISIBLE_DEVICES` with the unique UUIDs; for MPS
     /// devices the pipe directory (env and mount) and the per-client limits.
-    pub fn allocate(&self, ids: &[String]) -> Result<api::ContainerAllocateResponse, String> {
+    pub fn allocate(
+        &self,
+        ids: &[String],
+    ) -> Result<api::ContainerAllocateResponse, AllocateError> {
         let mut entries = Vec::new();
         for id in ids {
-            entries.push(
-                self.find(id)
-                    .ok_or_else(|| format!("unknown device {id:?} for {}", self.resource))?,
-            );
+            entries.push(self.find(id).ok_or_else(|| AllocateError::UnknownDevice {
+                id: id.clone(),
+                resource: self.resource.clone(),
+            })?);
         }
         let replicated = entries.iter().any(|e| e.replicas > 1);
         let fail = self
             .fail_requests_greater_than_one
             .unwrap_or_else(|| entries.iter().any(|e| e.mps.is_some()));
         if replicated && ids.len() > 1 && fail {
-            // The NVIDIA plugin's wording (internal/rm/rm.go: ValidateRequest).
-            return Err(format!(
-                "invalid allocation request for {:?}: invalid request: maximum request size for shared resources is 1; found {}",
-                self.resource,
-                ids.len()
-            ));
+            return Err(AllocateError::SharedOverOne {
+                resource: self.resource.clone(),
+                found: ids.len(),
+            });
         }
         let mut unique: Vec<&DeviceEntry> = Vec::new();
         for e in entries {
@@ -288,19 +314,17 @@ impl ResourceDevices {
             return Ok(response);
         }
         if mps.len() != unique.len() {
-            return Err(format!(
-                "the request for {} mixes GPUs shared by MPS with GPUs that are not: request one device",
-                self.resource
-            ));
+            return Err(AllocateError::MpsBesideOthers {
+                resource: self.resource.clone(),
+            });
         }
         let first = mps[0];
         if mps.iter().any(|m| m.host_pipe_dir != first.host_pipe_dir) {
             // A client process reaches one MPS daemon: the one in CUDA_MPS_PIPE_DIRECTORY.
-            return Err(format!(
-                "the request for {} spans {} MIG devices, each shared through its own MPS daemon, but a container can reach only one: request one device",
-                self.resource,
-                mps.len()
-            ));
+            return Err(AllocateError::SeveralMpsDaemons {
+                resource: self.resource.clone(),
+                devices: mps.len(),
+            });
         }
         response.envs.insert(
             "CUDA_MPS_PIPE_DIRECTORY".into(),
@@ -437,6 +461,7 @@ mod tests {
         assert!(r
             .allocate(&ids(&["GPU-c"]))
             .unwrap_err()
+            .to_string()
             .contains("unknown"));
     }
 
@@ -454,8 +479,9 @@ mod tests {
         assert_eq!(a.mounts[1].host_path, "/run/nvidia/mps/shm");
         assert_eq!(a.mounts[1].container_path, "/dev/shm");
         let e = r.allocate(&ids(&["GPU-a::0", "GPU-a::1"])).unwrap_err();
+        assert!(matches!(e, AllocateError::SharedOverOne { found: 2, .. }));
         assert_eq!(
-            e,
+            e.to_string(),
             "invalid allocation request for \"nvidia.com/gpu\": invalid request: maximum request size for shared resources is 1; found 2"
         );
         let mut allowed = r.clone();
@@ -494,7 +520,11 @@ mod tests {
         r.fail_requests_greater_than_one = Some(false);
         assert!(r.allocate(&ids(&["MIG-a::0", "MIG-a::1"])).is_ok());
         let e = r.allocate(&ids(&["MIG-a::0", "MIG-b::0"])).unwrap_err();
-        assert!(e.contains("spans 2 MIG devices"), "{e}");
+        assert!(matches!(
+            e,
+            AllocateError::SeveralMpsDaemons { devices: 2, .. }
+        ));
+        assert!(e.to_string().contains("spans 2 MIG devices"), "{e}");
 
         // A device is healthy while NVML lists it and its own daemon runs.
         let present: BTreeSet<String> = ["MIG-a".to_string(), "MIG-b".to_string()].into();

@@ -106,10 +106,10 @@ impl DevicePlugin for ResourcePlugin {
                     .apply(&c.devices_ids, &response_id(), &mut response);
                 Ok(response)
             })
-            .collect::<Result<Vec<_>, String>>()
+            .collect::<Result<Vec<_>, super::inventory::AllocateError>>()
             .map_err(|e| {
                 warn!(resource = %devices.resource, error = %e, "allocation refused");
-                Status::invalid_argument(e)
+                Status::invalid_argument(e.to_string())
             })?;
         Ok(Response::new(api::AllocateResponse {
             container_responses,

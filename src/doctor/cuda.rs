@@ -76,11 +76,16 @@ impl fmt::Display for CudaVersion {
     }
 }
 
+/// A `--cuda` value that is not a version.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a CUDA version: expected MAJOR.MINOR, e.g. 12.4")]
+pub struct NotACudaVersion(pub String);
+
 /// `--cuda`: `12.4` (a patch, `12.4.1`, is accepted and ignored).
-pub fn parse_version(s: &str) -> Result<CudaVersion, String> {
-    let bad = || format!("{s:?} is not a CUDA version: expected MAJOR.MINOR, e.g. 12.4");
+pub fn parse_version(s: &str) -> Result<CudaVersion, NotACudaVersion> {
+    let bad = || NotACudaVersion(s.to_string());
     let mut it = s.trim().split('.');
-    let mut num = || -> Result<u32, String> {
+    let mut num = || -> Result<u32, NotACudaVersion> {
         let p = it.next().ok_or_else(bad)?;
         if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
             return Err(bad());

@@ -48,33 +48,50 @@ pub enum PinnedMemoryLimit {
     Mib(u64),
 }
 
+/// A pinned-memory limit that cannot be read or worked out, or MPS clients a MIG device
+/// cannot take: each said as the sentence a profile author reads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MpsError {
+    #[error("mps.pinnedMemoryLimit {text:?} is not `auto` or a size such as 8Gi or 512Mi")]
+    PinnedUnit { text: String },
+    #[error("mps.pinnedMemoryLimit {text:?} has no number")]
+    PinnedNoNumber { text: String },
+    #[error("mps.pinnedMemoryLimit must be more than 0")]
+    PinnedZero,
+    #[error("mps.pinnedMemoryLimit {text:?} is larger than any GPU's memory")]
+    PinnedTooLarge { text: String },
+    /// `auto` divides a device's memory, which is not known (`whose` names the device).
+    #[error("mps.pinnedMemoryLimit is auto, but {whose} memory size is unknown")]
+    AutoWithoutMemory { whose: String },
+    /// More clients than an MPS server inside this MIG device takes (the sentence says which).
+    #[error("{0}")]
+    TooManyClientsOnMig(String),
+}
+
 /// Parse `auto` or a quantity (`8Gi`, `8G`, `8192Mi`, `8192M`; binary units either way, as
 /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` reads `M` and `G`).
-pub fn parse_pinned_memory_limit(text: &str) -> Result<PinnedMemoryLimit, String> {
+pub fn parse_pinned_memory_limit(text: &str) -> Result<PinnedMemoryLimit, MpsError> {
     let t = text.trim();
     if t.eq_ignore_ascii_case("auto") {
         return Ok(PinnedMemoryLimit::Auto);
     }
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
+    let text = || text.to_string();
     let factor = match unit {
         "Gi" | "G" => 1024,
         "Mi" | "M" => 1,
-        _ => {
-            return Err(format!(
-                "mps.pinnedMemoryLimit {text:?} is not `auto` or a size such as 8Gi or 512Mi"
-            ))
-        }
+        _ => return Err(MpsError::PinnedUnit { text: text() }),
     };
     let n: u64 = num
         .parse()
-        .map_err(|_| format!("mps.pinnedMemoryLimit {text:?} has no number"))?;
+        .map_err(|_| MpsError::PinnedNoNumber { text: text() })?;
     if n == 0 {
-        return Err("mps.pinnedMemoryLimit must be more than 0".into());
+        return Err(MpsError::PinnedZero);
     }
     n.checked_mul(factor)
         .map(PinnedMemoryLimit::Mib)
-        .ok_or_else(|| format!("mps.pinnedMemoryLimit {text:?} is larger than any GPU's memory"))
+        .ok_or_else(|| MpsError::PinnedTooLarge { text: text() })
 }
 
 impl PinnedMemoryLimit {
@@ -205,7 +222,7 @@ pub fn validate(mps: &Mps) -> Vec<String> {
     }
     if let Some(limit) = &mps.pinned_memory_limit {
         if let Err(e) = parse_pinned_memory_limit(limit) {
-            problems.push(e);
+            problems.push(e.to_string());
         }
     }
     problems

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{parse_pinned_memory_limit, PinnedMemoryLimit};
+use super::{parse_pinned_memory_limit, MpsError, PinnedMemoryLimit};
 use crate::mig::GpuModel;
 use crate::profile::Mps;
 use crate::sharing::MigMps;
@@ -14,16 +14,16 @@ pub fn pinned_per_client(
     mps: &Mps,
     memory_mib: Option<u64>,
     whose: &str,
-) -> Result<Option<u64>, String> {
+) -> Result<Option<u64>, MpsError> {
     let limit = mps
         .pinned_memory_limit
         .as_deref()
         .map(parse_pinned_memory_limit)
         .transpose()?;
     match (limit, memory_mib) {
-        (Some(PinnedMemoryLimit::Auto), None) => Err(format!(
-            "mps.pinnedMemoryLimit is auto, but {whose} memory size is unknown"
-        )),
+        (Some(PinnedMemoryLimit::Auto), None) => Err(MpsError::AutoWithoutMemory {
+            whose: whose.to_string(),
+        }),
         (Some(l), mem) => Ok(Some(
             l.per_client_mib(mem.unwrap_or(0), mps.replicas as u64),
         )),
@@ -37,14 +37,14 @@ pub fn mig_mps(
     mps: &Mps,
     model: &GpuModel,
     wanted: &BTreeMap<String, u32>,
-) -> Result<MigMps, String> {
+) -> Result<MigMps, MpsError> {
     let mut pinned = BTreeMap::new();
     for name in wanted.keys() {
         let profile = model
             .profile(name)
             .expect("plan_mig only places the model's profiles");
         if let Some(why) = super::too_many_clients_on_mig(mps.replicas, profile, model) {
-            return Err(why);
+            return Err(MpsError::TooManyClientsOnMig(why));
         }
         let whose = format!("the {name} MIG profile's");
         if let Some(mib) = pinned_per_client(mps, profile.memory_mib, &whose)? {

@@ -88,12 +88,12 @@ pub fn plan_for(
             [] => {
                 unselected.push(gpu.index.to_string());
                 plan_gpu(gpu, None, Mode::Exclusive, strategy, profile)
-                    .map_err(|m| Problem::error(name, m).on_gpu(gpu.describe()))
+                    .map_err(|m| Problem::error(name, m.to_string()).on_gpu(gpu.describe()))
             }
             [(i, rule)] => {
                 let mode = rule.mode().expect("validate() checked every rule's mode");
                 plan_gpu(gpu, Some((*i, rule)), mode, strategy, profile).map_err(|m| {
-                    Problem::error(name, m)
+                    Problem::error(name, m.to_string())
                         .in_rule(*i, rule)
                         .on_gpu(gpu.describe())
                 })
@@ -235,16 +235,40 @@ fn index_ranges(indices: &[u32]) -> String {
         .join(", ")
 }
 
-/// One GPU's plan, or a sentence saying why the rule can't apply to it.
+/// Why a rule cannot apply to one GPU; `plan_for` says it as a Problem naming the GPU and the
+/// rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GpuRefusal {
+    /// A Jetson/Tegra's integrated GPU asked for MIG or MPS.
+    #[error("{0}")]
+    Tegra(String),
+    /// MIG instances asked of a GPU NVML reports no MIG mode for.
+    #[error("{0}")]
+    NoMigMode(String),
+    #[error(
+        "the MIG catalog has no entry for {product:?}, so its placements are unknown \
+         (`gpu-share catalog` lists the models)"
+    )]
+    NotInCatalog { product: String },
+    #[error(transparent)]
+    Geometry(#[from] mig::GeometryError),
+    #[error(transparent)]
+    Mps(#[from] crate::mps::MpsError),
+    /// MPS asked of a GPU it does not run on.
+    #[error("{0}")]
+    MpsUnavailable(String),
+}
+
+/// One GPU's plan, or why the rule can't apply to it.
 fn plan_gpu(
     gpu: &ObservedGpu,
     rule: Option<(usize, &Rule)>,
     mode: Mode<'_>,
     strategy: MigStrategy,
     profile: &Profile,
-) -> Result<GpuPlan, String> {
+) -> Result<GpuPlan, GpuRefusal> {
     if let Some(why) = gpu.tegra.as_ref().and_then(|b| tegra_cannot(b, &mode)) {
-        return Err(why);
+        return Err(GpuRefusal::Tegra(why));
     }
     let rename = profile.plugin.rename_by_default;
     let mut plan = GpuPlan {
@@ -310,7 +334,7 @@ fn plan_gpu(
         }
         Mode::Mps(mps) => {
             if let Some(why) = crate::mps::unavailable_on(&gpu.product) {
-                return Err(why);
+                return Err(GpuRefusal::MpsUnavailable(why));
             }
             let replicas = mps.replicas as u64;
             let pinned = pinned_per_client(mps, gpu.memory_mib, "this GPU's")?;
@@ -395,22 +419,22 @@ fn pinned_memory_warnings(name: &str, gpus: &[GpuPlan], node: &ObservedNode) -> 
 fn plan_mig(
     gpu: &ObservedGpu,
     wanted: &BTreeMap<String, u32>,
-) -> Result<(&'static GpuModel, Geometry), String> {
+) -> Result<(&'static GpuModel, Geometry), GpuRefusal> {
     if gpu.mig.is_none() {
-        return Err(no_mig_mode(&gpu.product));
+        return Err(GpuRefusal::NoMigMode(no_mig_mode(&gpu.product)));
     }
-    let model = catalog().model_by_product(&gpu.product).ok_or_else(|| {
-        format!(
-            "the MIG catalog has no entry for {:?}, so its placements are unknown (`gpu-share catalog` lists the models)",
-            gpu.product
-        )
-    })?;
+    let model =
+        catalog()
+            .model_by_product(&gpu.product)
+            .ok_or_else(|| GpuRefusal::NotInCatalog {
+                product: gpu.product.clone(),
+            })?;
     let existing = if gpu.mig.is_some_and(|m| m.current) {
         gpu.instances.as_slice()
     } else {
         &[]
     };
-    let geometry = mig::solve(model, wanted, existing).map_err(|e| e.to_string())?;
+    let geometry = mig::solve(model, wanted, existing)?;
     Ok((model, geometry))
 }
 

@@ -114,6 +114,25 @@ const VISIBLE: &str = "NVIDIA_VISIBLE_DEVICES";
 const PIPE: &str = "CUDA_MPS_PIPE_DIRECTORY";
 const PINNED: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
 
+/// Devices of one claim that cannot serve one container together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MergeError {
+    #[error(
+        "devices {with} (shared through MPS) and {other} (not) cannot serve one container: \
+         claim them separately"
+    )]
+    MpsBesideOthers { with: String, other: String },
+    #[error(
+        "devices {with} and {other} are shared through different MPS daemons ({pipes}), and a \
+         container reaches only one: claim them separately"
+    )]
+    SeveralMpsDaemons {
+        with: String,
+        other: String,
+        pipes: String,
+    },
+}
+
 /// One claim's device edits made into edits a container can take together. The runtime merges
 /// the edits of every CDI device a container gets, and for an env var the last one wins: with
 /// one `NVIDIA_VISIBLE_DEVICES` per device, a container with several devices saw one (as
@@ -127,7 +146,7 @@ const PINNED: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
 /// cdi-cri`, whose NVIDIA CDI devices add up.
 pub fn merge_claim_edits(
     devices: Vec<(String, ContainerEdits)>,
-) -> Result<Vec<(String, ContainerEdits)>, String> {
+) -> Result<Vec<(String, ContainerEdits)>, MergeError> {
     if devices.len() < 2 {
         return Ok(devices);
     }
@@ -152,14 +171,15 @@ pub fn merge_claim_edits(
     if let Some((with, Some(pipe))) = pipes.iter().find(|(_, p)| p.is_some()) {
         if let Some((other, other_pipe)) = pipes.iter().find(|(_, p)| p.as_ref() != Some(pipe)) {
             return Err(match other_pipe {
-                None => format!(
-                    "devices {with} (shared through MPS) and {other} (not) cannot serve one \
-                     container: claim them separately"
-                ),
-                Some(p) => format!(
-                    "devices {with} and {other} are shared through different MPS daemons \
-                     ({pipe}, {p}), and a container reaches only one: claim them separately"
-                ),
+                None => MergeError::MpsBesideOthers {
+                    with: with.to_string(),
+                    other: other.to_string(),
+                },
+                Some(p) => MergeError::SeveralMpsDaemons {
+                    with: with.to_string(),
+                    other: other.to_string(),
+                    pipes: format!("{pipe}, {p}"),
+                },
             });
         }
     }
@@ -267,12 +287,14 @@ mod tests {
             ("a".into(), share("GPU-a", "/mps/a")),
             ("b".into(), share("GPU-b", "/mps/b")),
         ]);
-        assert!(two_daemons.unwrap_err().contains("different MPS daemons"));
+        let two_daemons = two_daemons.unwrap_err();
+        assert!(matches!(two_daemons, MergeError::SeveralMpsDaemons { .. }));
+        assert!(two_daemons.to_string().contains("different MPS daemons"));
         let mixed = merge_claim_edits(vec![
             ("a".into(), share("GPU-a", "/mps/a")),
             ("b".into(), env(&["NVIDIA_VISIBLE_DEVICES=GPU-b"])),
         ]);
-        assert!(mixed.unwrap_err().contains("(not)"));
+        assert!(mixed.unwrap_err().to_string().contains("(not)"));
     }
 
     #[test]

@@ -53,6 +53,43 @@ struct DeviceAllocation {
     results: Vec<AllocatedDevice>,
 }
 
+/// Why the claim the kubelet names cannot be prepared as the API server has it.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    #[error("cannot read ResourceClaim {claim}: {source}")]
+    Read { claim: String, source: kube::Error },
+    /// Deleted and created again under the same name: another claim.
+    #[error(
+        "ResourceClaim {claim} has UID {found}, not {uid} as the kubelet asked (deleted and \
+         created again?)"
+    )]
+    OtherUid {
+        claim: String,
+        found: String,
+        uid: String,
+    },
+    #[error("{claim}: unreadable status: {source}")]
+    UnreadableStatus {
+        claim: String,
+        source: serde_json::Error,
+    },
+    #[error("{claim} is not allocated")]
+    NotAllocated { claim: String },
+    #[error(
+        "{claim}: {count} allocated devices, over the API's {MAX_ALLOCATION_RESULTS} per claim \
+         (allocation.devices.results)"
+    )]
+    TooManyResults { claim: String, count: usize },
+    #[error("{claim}: device {device} of request {request:?} is from pool {pool:?}, not this node's ({ours:?})")]
+    OtherPool {
+        claim: String,
+        device: String,
+        request: String,
+        pool: String,
+        ours: String,
+    },
+}
+
 /// GET `namespace/name` and check it is the claim the kubelet means (`uid`): a claim deleted
 /// and recreated under the same name is another claim.
 pub async fn fetch(
@@ -60,18 +97,20 @@ pub async fn fetch(
     namespace: &str,
     name: &str,
     uid: &str,
-) -> Result<DynamicObject, String> {
+) -> Result<DynamicObject, ClaimError> {
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource());
-    let claim = api
-        .get(name)
-        .await
-        .map_err(|e| format!("cannot read ResourceClaim {namespace}/{name}: {e}"))?;
+    let shown = || format!("{namespace}/{name}");
+    let claim = api.get(name).await.map_err(|source| ClaimError::Read {
+        claim: shown(),
+        source,
+    })?;
     match claim.metadata.uid.as_deref() {
         Some(found) if found == uid => Ok(claim),
-        found => Err(format!(
-            "ResourceClaim {namespace}/{name} has UID {}, not {uid} as the kubelet asked (deleted and created again?)",
-            found.unwrap_or("(none)")
-        )),
+        found => Err(ClaimError::OtherUid {
+            claim: shown(),
+            found: found.unwrap_or("(none)").to_string(),
+            uid: uid.to_string(),
+        }),
     }
 }
 
@@ -81,36 +120,44 @@ pub fn allocated_devices(
     claim: &DynamicObject,
     driver: &str,
     pool: &str,
-) -> Result<Vec<AllocatedDevice>, String> {
+) -> Result<Vec<AllocatedDevice>, ClaimError> {
     let shown = format!(
         "ResourceClaim {}/{}",
         claim.metadata.namespace.as_deref().unwrap_or(""),
         claim.metadata.name.as_deref().unwrap_or("")
     );
     let status: ClaimStatus = match claim.data.get("status") {
-        Some(value) => serde_json::from_value(value.clone())
-            .map_err(|e| format!("{shown}: unreadable status: {e}"))?,
+        Some(value) => serde_json::from_value(value.clone()).map_err(|source| {
+            ClaimError::UnreadableStatus {
+                claim: shown.clone(),
+                source,
+            }
+        })?,
         None => ClaimStatus::default(),
     };
     let results = status
         .allocation
-        .ok_or_else(|| format!("{shown} is not allocated"))?
+        .ok_or_else(|| ClaimError::NotAllocated {
+            claim: shown.clone(),
+        })?
         .devices
         .unwrap_or_default()
         .results;
     if results.len() > MAX_ALLOCATION_RESULTS {
-        return Err(format!(
-            "{shown}: {} allocated devices, over the API's {MAX_ALLOCATION_RESULTS} per claim \
-             (allocation.devices.results)",
-            results.len()
-        ));
+        return Err(ClaimError::TooManyResults {
+            claim: shown,
+            count: results.len(),
+        });
     }
     let ours: Vec<AllocatedDevice> = results.into_iter().filter(|r| r.driver == driver).collect();
     if let Some(other) = ours.iter().find(|r| r.pool != pool) {
-        return Err(format!(
-            "{shown}: device {} of request {:?} is from pool {:?}, not this node's ({pool:?})",
-            other.device, other.request, other.pool
-        ));
+        return Err(ClaimError::OtherPool {
+            claim: shown,
+            device: other.device.clone(),
+            request: other.request.clone(),
+            pool: other.pool.clone(),
+            ours: pool.to_string(),
+        });
     }
     Ok(ours)
 }
@@ -136,6 +183,8 @@ mod tests {
         assert_eq!(ours.len(), 1);
         assert_eq!(ours[0].device, "gpu-0");
         let e = allocated_devices(&c, "gpu.gpu-share.dev", "node-b").unwrap_err();
+        assert!(matches!(e, ClaimError::OtherPool { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("ResourceClaim ns/c: device gpu-0"), "{e}");
         assert!(e.contains("not this node's (\"node-b\")"), "{e}");
     }
@@ -159,8 +208,9 @@ mod tests {
         );
         let over = claim(json!({"allocation": {"devices": {"results": results(33)}}}));
         let e = allocated_devices(&over, "gpu.gpu-share.dev", "node-a").unwrap_err();
+        assert!(matches!(e, ClaimError::TooManyResults { count: 33, .. }));
         assert_eq!(
-            e,
+            e.to_string(),
             "ResourceClaim ns/c: 33 allocated devices, over the API's 32 per claim (allocation.devices.results)"
         );
     }
@@ -168,7 +218,8 @@ mod tests {
     #[test]
     fn an_unallocated_claim_is_named() {
         let e = allocated_devices(&claim(json!({})), "d", "p").unwrap_err();
-        assert_eq!(e, "ResourceClaim ns/c is not allocated");
+        assert!(matches!(e, ClaimError::NotAllocated { .. }));
+        assert_eq!(e.to_string(), "ResourceClaim ns/c is not allocated");
         let mut bare = claim(json!({}));
         bare.data = json!({});
         assert!(allocated_devices(&bare, "d", "p").is_err());

@@ -27,6 +27,20 @@ pub fn find_published<'a>(
         .find(|d| d.name == name)
 }
 
+/// Why a published device cannot be given to a container.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    #[error("device {device} has no UUID yet (its MIG device does not exist on the GPU)")]
+    NoUuid { device: String },
+    #[error("device {device} ({id}) is published but not among the node's applied devices")]
+    NotApplied { device: String, id: String },
+    #[error("device {device}: {source}")]
+    Allocate {
+        device: String,
+        source: crate::builtin_plugin::inventory::AllocateError,
+    },
+}
+
 /// What a container given `device` gets: the built-in plugin's `Allocate` answer for the same
 /// device, rewritten for `listing` as the built-in plugin rewrites it (`cdi-cri`: the device's
 /// CDI name in `cdi_devices`, e.g. `nvidia.com/gpu=<uuid>` from `nvidia-ctk cdi generate`'s
@@ -36,36 +50,34 @@ pub fn container_edits(
     device: &Device,
     inventory: &Inventory,
     listing: &DeviceListing,
-) -> Result<ContainerAllocateResponse, String> {
+) -> Result<ContainerAllocateResponse, DeviceError> {
     let id = builtin_id(device)?;
     let resource = inventory
         .resources
         .values()
         .find(|r| r.devices.iter().any(|d| d.id == id))
-        .ok_or_else(|| {
-            format!(
-                "device {} ({id}) is published but not among the node's applied devices",
-                device.name
-            )
+        .ok_or_else(|| DeviceError::NotApplied {
+            device: device.name.clone(),
+            id: id.clone(),
         })?;
     let ids = std::slice::from_ref(&id);
     let mut allocation = resource
         .allocate(ids)
-        .map_err(|e| format!("device {}: {e}", device.name))?;
+        .map_err(|source| DeviceError::Allocate {
+            device: device.name.clone(),
+            source,
+        })?;
     listing.apply(ids, "", &mut allocation);
     allocation.annotations.clear();
     Ok(allocation)
 }
 
 /// The built-in plugin's ID for `device`: `<uuid>` or `<uuid>::<share>`.
-fn builtin_id(device: &Device) -> Result<String, String> {
+fn builtin_id(device: &Device) -> Result<String, DeviceError> {
     let text = |key: &str| device.attributes.get(key).and_then(|a| a.string.as_deref());
     let int = |key: &str| device.attributes.get(key).and_then(|a| a.int);
-    let no_uuid = || {
-        format!(
-            "device {} has no UUID yet (its MIG device does not exist on the GPU)",
-            device.name
-        )
+    let no_uuid = || DeviceError::NoUuid {
+        device: device.name.clone(),
     };
     match int("shareIndex") {
         None => text("uuid").map(str::to_string).ok_or_else(no_uuid),
@@ -127,6 +139,10 @@ mod tests {
         );
         assert_eq!(builtin_id(&mig_share).unwrap(), "MIG-c0::1");
         let e = builtin_id(&device("gpu-3-mig-0-7g-80gb", &[])).unwrap_err();
-        assert!(e.contains("gpu-3-mig-0-7g-80gb has no UUID"), "{e}");
+        assert!(matches!(e, DeviceError::NoUuid { .. }), "{e:?}");
+        assert!(
+            e.to_string().contains("gpu-3-mig-0-7g-80gb has no UUID"),
+            "{e}"
+        );
     }
 }

@@ -13,10 +13,83 @@
 
 use tracing::{info, warn};
 
-use super::mig_journal::{Entry, Instance, MigJournal, SharedMigJournal, State};
+use super::mig_journal::{Entry, Instance, JournalError, MigJournal, SharedMigJournal, State};
 use crate::dra::dynamic::DynamicDevice;
 use crate::gpu::{GpuError, Gpus, MigModeOutcome, ObservedGpu, SharedGpus};
 use crate::mig::{catalog, Placement};
+
+/// Why a dynamic-MIG Prepare, Unprepare or recovery did not do its work. Only
+/// [`DynamicMigError::Refused`] promises that nothing was changed; [`DynamicMigError::Busy`]
+/// is the one the kubelet's retry mends by itself.
+#[derive(Debug, thiserror::Error)]
+pub enum DynamicMigError {
+    /// The allocation cannot be made as asked (`device` says which, `why` what stands in the
+    /// way); nothing was changed.
+    #[error("device {device}: {why}; nothing was changed")]
+    Refused { device: String, why: String },
+    /// Processes still run on the claim's instance: Unprepare is refused until they are gone.
+    #[error(
+        "device {device} of ResourceClaim {claim}: process(es) {pids} still run on its MIG \
+         instance; it is destroyed once they are gone (the kubelet retries)"
+    )]
+    Busy {
+        device: String,
+        claim: String,
+        pids: String,
+    },
+    /// Making the GPU instance failed; it was rolled back (`after` says what of that failed).
+    #[error(
+        "device {device}: creating {profile} at {placement} on GPU {gpu} failed: {source}{after}"
+    )]
+    CreateFailed {
+        device: String,
+        profile: String,
+        placement: Placement,
+        gpu: u32,
+        source: Box<GpuError>,
+        after: String,
+    },
+    #[error("cannot destroy GPU instance {gi_id} at {placement} on GPU {gpu}: {source}")]
+    DestroyFailed {
+        gi_id: u32,
+        placement: Placement,
+        gpu: u32,
+        source: Box<GpuError>,
+    },
+    #[error("cannot read the GPUs: {0}")]
+    Read(Box<GpuError>),
+    #[error("GPU {0} is not on this node")]
+    NoSuchGpu(u32),
+    /// A made entry's device is not on the GPU any more.
+    #[error("device {device} on GPU {gpu}: {what} (was it destroyed out of band?)")]
+    Gone {
+        device: String,
+        gpu: u32,
+        what: String,
+    },
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+}
+
+/// Why MIG mode could not be switched for a claim.
+#[derive(Debug, thiserror::Error)]
+enum MigSwitchError {
+    #[error(
+        "MIG must be turned {word} first, but {count} process(es) run on the GPU (pid {pids})"
+    )]
+    Busy {
+        word: &'static str,
+        count: usize,
+        pids: String,
+    },
+    #[error("turning MIG {word} failed: {source}")]
+    Failed {
+        word: &'static str,
+        source: GpuError,
+    },
+    #[error("the driver left turning MIG {word} pending (status {status}): the GPU needs a reset")]
+    Pending { word: &'static str, status: String },
+}
 
 /// What dynamic MIG needs: NVML, the journal, and the reconcile to tell when a Prepare meets
 /// an instance made out of band.
@@ -42,7 +115,7 @@ impl DynamicMig {
         claim: &ClaimName,
         name: &str,
         device: &DynamicDevice,
-    ) -> Result<String, String> {
+    ) -> Result<String, DynamicMigError> {
         let mut journal = self.journal.lock();
         let made = journal
             .entry(claim.uid, name)
@@ -74,12 +147,11 @@ impl DynamicMig {
         observed: &ObservedGpu,
         profile: &str,
         placement: Placement,
-    ) -> Result<Entry, String> {
+    ) -> Result<Entry, DynamicMigError> {
         let gpu = observed.index;
-        let refuse = |why: String| {
-            format!(
-                "device {name} ({profile} at {placement} on GPU {gpu}): {why}; nothing was changed"
-            )
+        let refuse = |why: String| DynamicMigError::Refused {
+            device: format!("{name} ({profile} at {placement} on GPU {gpu})"),
+            why,
         };
         let model = catalog()
             .model_by_product(&observed.product)
@@ -122,7 +194,8 @@ impl DynamicMig {
                 )));
             }
         } else {
-            self.set_mig_mode(observed, true).map_err(refuse)?;
+            self.set_mig_mode(observed, true)
+                .map_err(|e| refuse(e.to_string()))?;
         }
         let mut entry = Entry {
             claim: claim.uid.to_string(),
@@ -149,14 +222,22 @@ impl DynamicMig {
                 let rollback = self.destroy_at(gpu, placement, None);
                 journal.remove(claim.uid, name);
                 let saved = self.journal.save(journal);
-                return Err(format!(
-                    "device {name}: creating {profile} at {placement} on GPU {gpu} failed: {e}{}{}",
+                let after = format!(
+                    "{}{}",
                     rollback
                         .err()
                         .map(|r| format!("; rolling back failed too: {r}"))
                         .unwrap_or_default(),
                     saved.err().map(|s| format!("; {s}")).unwrap_or_default()
-                ));
+                );
+                return Err(DynamicMigError::CreateFailed {
+                    device: name.to_string(),
+                    profile: profile.to_string(),
+                    placement,
+                    gpu,
+                    source: Box::new(e),
+                    after,
+                });
             }
         };
         entry.instance.as_mut().expect("set above").gi_id = Some(gi_id);
@@ -174,10 +255,12 @@ impl DynamicMig {
         claim: &ClaimName,
         name: &str,
         observed: &ObservedGpu,
-    ) -> Result<Entry, String> {
+    ) -> Result<Entry, DynamicMigError> {
         let gpu = observed.index;
-        let refuse =
-            |why: String| format!("device {name} (GPU {gpu}, whole): {why}; nothing was changed");
+        let refuse = |why: String| DynamicMigError::Refused {
+            device: format!("{name} (GPU {gpu}, whole)"),
+            why,
+        };
         if let Some(other) = journal
             .entries
             .iter()
@@ -198,7 +281,8 @@ impl DynamicMig {
                     i.placement
                 )));
             }
-            self.set_mig_mode(observed, false).map_err(refuse)?;
+            self.set_mig_mode(observed, false)
+                .map_err(|e| refuse(e.to_string()))?;
         }
         let entry = Entry {
             claim: claim.uid.to_string(),
@@ -228,38 +312,39 @@ impl DynamicMig {
 
     /// Turn MIG on or off, only while the GPU runs nothing; a change the driver leaves pending
     /// (a reset needed) is an error.
-    fn set_mig_mode(&self, observed: &ObservedGpu, enable: bool) -> Result<(), String> {
+    fn set_mig_mode(&self, observed: &ObservedGpu, enable: bool) -> Result<(), MigSwitchError> {
         let word = if enable { "on" } else { "off" };
         if !observed.processes.is_empty() {
-            return Err(format!(
-                "MIG must be turned {word} first, but {} process(es) run on the GPU (pid {})",
-                observed.processes.len(),
-                observed
+            return Err(MigSwitchError::Busy {
+                word,
+                count: observed.processes.len(),
+                pids: observed
                     .processes
                     .iter()
                     .map(|p| p.pid.to_string())
                     .collect::<Vec<_>>()
-                    .join(", ")
-            ));
+                    .join(", "),
+            });
         }
         match self
             .gpus
             .with(|g| g.set_mig_mode(observed.index, enable))
-            .map_err(|e| format!("turning MIG {word} failed: {e}"))?
+            .map_err(|source| MigSwitchError::Failed { word, source })?
         {
             MigModeOutcome::Applied => {
                 info!(gpu = observed.index, "MIG turned {word} for a claim");
                 Ok(())
             }
-            MigModeOutcome::Pending { activation_status } => Err(format!(
-                "the driver left turning MIG {word} pending (status {activation_status}): the GPU needs a reset"
-            )),
+            MigModeOutcome::Pending { activation_status } => Err(MigSwitchError::Pending {
+                word,
+                status: activation_status.to_string(),
+            }),
         }
     }
 
     /// Destroy the instances made for `claim`; refused while a process runs on one (the kubelet
     /// retries Unprepare). A claim with none succeeds.
-    pub fn unprepare(&self, claim: &ClaimName) -> Result<(), String> {
+    pub fn unprepare(&self, claim: &ClaimName) -> Result<(), DynamicMigError> {
         let mut journal = self.journal.lock();
         let entries: Vec<Entry> = journal
             .entries
@@ -280,13 +365,11 @@ impl DynamicMig {
                     .map(|p| p.pid.to_string())
                     .collect();
                 if !busy.is_empty() {
-                    return Err(format!(
-                        "device {} of ResourceClaim {}: process(es) {} still run on its MIG \
-                         instance; it is destroyed once they are gone (the kubelet retries)",
-                        entry.device,
-                        claim.shown,
-                        busy.join(", ")
-                    ));
+                    return Err(DynamicMigError::Busy {
+                        device: entry.device.clone(),
+                        claim: claim.shown.to_string(),
+                        pids: busy.join(", "),
+                    });
                 }
                 entry.state = State::Destroying;
                 journal.put(entry.clone());
@@ -309,7 +392,7 @@ impl DynamicMig {
         gpu: u32,
         placement: Placement,
         expected: Option<u32>,
-    ) -> Result<(), String> {
+    ) -> Result<(), DynamicMigError> {
         let observed = self.observe(gpu)?;
         let Some(gi_id) = gi_at(&observed, placement) else {
             return Ok(());
@@ -320,21 +403,24 @@ impl DynamicMig {
         }
         match self.gpus.with(|g: &Gpus| g.destroy_instance(gpu, gi_id)) {
             Ok(()) | Err(GpuError::NoSuchInstance { .. }) => Ok(()),
-            Err(e) => Err(format!(
-                "cannot destroy GPU instance {gi_id} at {placement} on GPU {gpu}: {e}"
-            )),
+            Err(source) => Err(DynamicMigError::DestroyFailed {
+                gi_id,
+                placement,
+                gpu,
+                source: Box::new(source),
+            }),
         }
     }
 
-    fn observe(&self, gpu: u32) -> Result<ObservedGpu, String> {
+    fn observe(&self, gpu: u32) -> Result<ObservedGpu, DynamicMigError> {
         let node = self
             .gpus
             .with(|g| g.observe())
-            .map_err(|e| format!("cannot read the GPUs: {e}"))?;
+            .map_err(|e| DynamicMigError::Read(Box::new(e)))?;
         node.gpus
             .into_iter()
             .find(|g| g.index == gpu)
-            .ok_or_else(|| format!("GPU {gpu} is not on this node"))
+            .ok_or(DynamicMigError::NoSuchGpu(gpu))
     }
 }
 
@@ -351,12 +437,11 @@ fn gi_at(observed: &ObservedGpu, placement: Placement) -> Option<u32> {
 }
 
 /// The UUID a made entry gives its container.
-fn uuid_of(observed: &ObservedGpu, entry: &Entry) -> Result<String, String> {
-    let missing = |what: &str| {
-        format!(
-            "device {} on GPU {}: {what} (was it destroyed out of band?)",
-            entry.device, observed.index
-        )
+fn uuid_of(observed: &ObservedGpu, entry: &Entry) -> Result<String, DynamicMigError> {
+    let missing = |what: &str| DynamicMigError::Gone {
+        device: entry.device.clone(),
+        gpu: observed.index,
+        what: what.to_string(),
     };
     match &entry.instance {
         None => observed
@@ -384,7 +469,7 @@ fn uuid_of(observed: &ObservedGpu, entry: &Entry) -> Result<String, String> {
 /// unprepare was) is destroyed and the entry dropped. `prepared` says whether a claim UID is
 /// prepared in the checkpoint. What cannot be done now (a process still on the instance) is
 /// logged and kept, to be done by the claim's next Unprepare or the next start.
-pub fn recover(mig: &DynamicMig, prepared: impl Fn(&str) -> bool) -> Result<(), String> {
+pub fn recover(mig: &DynamicMig, prepared: impl Fn(&str) -> bool) -> Result<(), DynamicMigError> {
     let loaded = MigJournal::load(mig.journal.path())?;
     let mut journal = mig.journal.lock();
     *journal = loaded;
@@ -413,7 +498,7 @@ pub fn recover(mig: &DynamicMig, prepared: impl Fn(&str) -> bool) -> Result<(), 
                             "cannot destroy a dynamic MIG instance no claim holds; kept for now"),
         }
     }
-    mig.journal.save(&journal)
+    Ok(mig.journal.save(&journal)?)
 }
 
 /// A prepared claim's instance whose GPU instance lost (or never got) its compute instance

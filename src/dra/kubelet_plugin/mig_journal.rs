@@ -65,32 +65,60 @@ pub enum State {
     Destroying,
 }
 
+/// The journal file cannot be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// Its text is not a journal: starting empty would take the claims' instances for
+    /// out-of-band ones, so a person decides.
+    #[error(
+        "the dynamic-MIG journal {} is unreadable ({source}); the instances it lists cannot be \
+         told from out-of-band ones: move it away and destroy them by hand (nvidia-smi mig -dci \
+         / -dgi) to start afresh",
+        path.display()
+    )]
+    Unreadable {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write the dynamic-MIG journal {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 impl MigJournal {
     /// The journal in `path`; empty when there is none. An unreadable one is an error naming
     /// it: starting empty would take the claims' instances for out-of-band ones.
-    pub fn load(path: &Path) -> Result<MigJournal, String> {
+    pub fn load(path: &Path) -> Result<MigJournal, JournalError> {
         match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                format!(
-                    "the dynamic-MIG journal {} is unreadable ({e}); the instances it lists \
-                     cannot be told from out-of-band ones: move it away and destroy them by \
-                     hand (nvidia-smi mig -dci / -dgi) to start afresh",
-                    path.display()
-                )
-            }),
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes).map_err(|source| JournalError::Unreadable {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(MigJournal::default()),
-            Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+            Err(source) => Err(JournalError::Read {
+                path: path.to_path_buf(),
+                source,
+            }),
         }
     }
 
     /// Replace the file atomically and durably.
-    pub fn save(&self, path: &Path) -> Result<(), String> {
+    pub fn save(&self, path: &Path) -> Result<(), JournalError> {
         let bytes = serde_json::to_vec_pretty(self).expect("plain data serializes");
-        atomic_file::replace(path, &bytes, atomic_file::READABLE_BY_ALL).map_err(|e| {
-            format!(
-                "cannot write the dynamic-MIG journal {}: {e}",
-                path.display()
-            )
+        atomic_file::replace(path, &bytes, atomic_file::READABLE_BY_ALL).map_err(|source| {
+            JournalError::Write {
+                path: path.to_path_buf(),
+                source,
+            }
         })
     }
 
@@ -155,7 +183,7 @@ impl SharedMigJournal {
     }
 
     /// Write `journal` (the locked one) to the file.
-    pub fn save(&self, journal: &MigJournal) -> Result<(), String> {
+    pub fn save(&self, journal: &MigJournal) -> Result<(), JournalError> {
         journal.save(&self.path)
     }
 }
@@ -198,6 +226,10 @@ mod tests {
         assert_eq!(back.claimed().0.len(), 1, "a whole GPU holds no placement");
         std::fs::write(&path, "{").unwrap();
         let e = MigJournal::load(&path).unwrap_err();
-        assert!(e.contains("dynamic-mig.json is unreadable"), "{e}");
+        assert!(matches!(e, JournalError::Unreadable { .. }), "{e:?}");
+        assert!(
+            e.to_string().contains("dynamic-mig.json is unreadable"),
+            "{e}"
+        );
     }
 }

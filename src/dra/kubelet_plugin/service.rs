@@ -106,7 +106,7 @@ impl Preparer {
                       "cannot prepare the claim");
                 NodePrepareResourceResponse {
                     devices: Vec::new(),
-                    error,
+                    error: error.to_string(),
                 }
             }
         }
@@ -116,7 +116,7 @@ impl Preparer {
         &self,
         claim: &Claim,
         checkpoint: &mut Checkpoint,
-    ) -> Result<Vec<PreparedDevice>, String> {
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
         let object = claim::fetch(&self.client, &claim.namespace, &claim.name, &claim.uid).await?;
         let allocated = claim::allocated_devices(&object, DRIVER, &self.node_name)?;
         let (answer, spec) = match self.answer(claim, &allocated) {
@@ -131,26 +131,23 @@ impl Preparer {
             devices: Vec::new(),
         };
         checkpoint.claims.insert(claim.uid.clone(), entry.clone());
-        checkpoint
-            .save(&self.checkpoint_path)
-            .map_err(|e| e.to_string())?;
+        checkpoint.save(&self.checkpoint_path)?;
         let written = match &spec {
             Some(spec) => {
                 let text = serde_json::to_string_pretty(spec).expect("plain data serializes");
                 crate::nvidia_plugin::write_if_changed(&path, &text)
                     .map(|_| ())
-                    .map_err(|e| format!("cannot write the CDI spec {}: {e}", path.display()))
+                    .map_err(|source| PrepareError::WriteSpec {
+                        path: path.clone(),
+                        source,
+                    })
             }
-            None => remove_file(&path).map_err(|e| e.to_string()),
+            None => remove_file(&path).map_err(PrepareError::from),
         };
         entry.state = ClaimState::Prepared;
         entry.devices = answer.clone();
         checkpoint.claims.insert(claim.uid.clone(), entry);
-        let saved = written.and_then(|()| {
-            checkpoint
-                .save(&self.checkpoint_path)
-                .map_err(|e| e.to_string())
-        });
+        let saved = written.and_then(|()| Ok(checkpoint.save(&self.checkpoint_path)?));
         if let Err(e) = saved {
             // Not prepared after all: no spec, no entry, so the kubelet's retry starts afresh
             // (a file still saying `preparing` is cleaned up at the next start).
@@ -166,10 +163,13 @@ impl Preparer {
 
     /// A prepare that failed after making some of the claim's dynamic devices destroys them:
     /// nothing is left for a claim that was not prepared. `error` with what undoing said.
-    fn undo_dynamic(&self, claim: &Claim, error: String) -> String {
+    fn undo_dynamic(&self, claim: &Claim, error: PrepareError) -> PrepareError {
         match self.dynamic_mig.unprepare(&claim_name(claim).as_ref()) {
             Ok(()) => error,
-            Err(undo) => format!("{error}; undoing its dynamic MIG devices failed: {undo}"),
+            Err(undo) => PrepareError::UndoFailed {
+                error: Box::new(error),
+                undo,
+            },
         }
     }
 
@@ -180,7 +180,7 @@ impl Preparer {
         claim: &Claim,
         name: &str,
         device: &DynamicDevice,
-    ) -> Result<ContainerAllocateResponse, String> {
+    ) -> Result<ContainerAllocateResponse, DeviceProblem> {
         let uuid = self
             .dynamic_mig
             .prepare(&claim_name(claim).as_ref(), name, device)?;
@@ -200,7 +200,7 @@ impl Preparer {
         &self,
         claim: &Claim,
         allocated: &[claim::AllocatedDevice],
-    ) -> Result<(Vec<PreparedDevice>, Option<cdi::Spec>), String> {
+    ) -> Result<(Vec<PreparedDevice>, Option<cdi::Spec>), PrepareError> {
         let slices = self.slices.borrow().clone();
         let inventory = self.inventory.borrow().clone();
         let mut problems = Vec::new();
@@ -208,15 +208,17 @@ impl Preparer {
         let mut edits = Vec::new();
         for a in allocated {
             let Some(device) = devices::find_published(&slices, &a.pool, &a.device) else {
-                problems.push(format!(
-                    "device {} (request {:?}) is not among the devices gpu-share publishes on node {}",
-                    a.device, a.request, self.node_name
-                ));
+                problems.push(DeviceProblem::NotPublished {
+                    device: a.device.clone(),
+                    request: a.request.clone(),
+                    node: self.node_name.clone(),
+                });
                 continue;
             };
             let edits_of = match DynamicDevice::of(device) {
                 Some(dynamic) => self.dynamic_edits(claim, &a.device, &dynamic),
-                None => devices::container_edits(device, &inventory, &self.listing),
+                None => devices::container_edits(device, &inventory, &self.listing)
+                    .map_err(DeviceProblem::from),
             };
             match edits_of {
                 Ok(allocation) => {
@@ -244,16 +246,17 @@ impl Preparer {
                 Err(e) => problems.push(e),
             }
         }
+        let shown = || format!("{}/{}", claim.namespace, claim.name);
         if !problems.is_empty() {
-            return Err(format!(
-                "ResourceClaim {}/{}: {}",
-                claim.namespace,
-                claim.name,
-                problems.join("; ")
-            ));
+            return Err(PrepareError::Devices {
+                claim: shown(),
+                problems: DeviceProblems(problems),
+            });
         }
-        let edits = cdi::merge_claim_edits(edits)
-            .map_err(|e| format!("ResourceClaim {}/{}: {e}", claim.namespace, claim.name))?;
+        let edits = cdi::merge_claim_edits(edits).map_err(|source| PrepareError::Merge {
+            claim: shown(),
+            source,
+        })?;
         let spec = (!edits.is_empty()).then(|| cdi::spec(&claim.uid, edits));
         Ok((answer, spec))
     }
@@ -265,21 +268,20 @@ impl Preparer {
         if let Err(error) = self.dynamic_mig.unprepare(&claim_name(claim).as_ref()) {
             warn!(claim = %format!("{}/{}", claim.namespace, claim.name), %error,
                   "cannot unprepare the claim yet");
-            return NodeUnprepareResourceResponse { error };
+            return NodeUnprepareResourceResponse {
+                error: error.to_string(),
+            };
         }
-        let result = remove_file(&cdi::spec_path(&self.cdi_root, &claim.uid))
-            .map_err(|e| e.to_string())
-            .and_then(|()| {
-            if checkpoint.claims.remove(&claim.uid).is_some() {
-                checkpoint
-                    .save(&self.checkpoint_path)
-                    .map_err(|e| e.to_string())?;
-                info!(claim = %format!("{}/{}", claim.namespace, claim.name), "unprepared the claim");
-            }
-            Ok(())
-        });
+        let result =
+            remove_file(&cdi::spec_path(&self.cdi_root, &claim.uid)).and_then(|()| {
+                if checkpoint.claims.remove(&claim.uid).is_some() {
+                    checkpoint.save(&self.checkpoint_path)?;
+                    info!(claim = %format!("{}/{}", claim.namespace, claim.name), "unprepared the claim");
+                }
+                Ok(())
+            });
         NodeUnprepareResourceResponse {
-            error: result.err().unwrap_or_default(),
+            error: result.err().map(|e| e.to_string()).unwrap_or_default(),
         }
     }
 }
@@ -291,7 +293,7 @@ pub enum RecoverError {
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     #[error("dynamic MIG: {0}")]
-    DynamicMig(String),
+    DynamicMig(dynamic_mig::DynamicMigError),
     #[error("cannot list {}: {cause}", dir.display())]
     ListSpecs { dir: PathBuf, cause: std::io::Error },
     #[error("cannot remove {}: {cause}", path.display())]
@@ -299,6 +301,65 @@ pub enum RecoverError {
         path: std::path::PathBuf,
         cause: std::io::Error,
     },
+}
+
+/// Why a claim was not prepared; the kubelet reads it in the claim's `error`.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error(transparent)]
+    Claim(#[from] claim::ClaimError),
+    /// Devices of the claim this node cannot give, every one named.
+    #[error("ResourceClaim {claim}: {problems}")]
+    Devices {
+        claim: String,
+        problems: DeviceProblems,
+    },
+    #[error("ResourceClaim {claim}: {source}")]
+    Merge {
+        claim: String,
+        source: cdi::MergeError,
+    },
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("cannot write the CDI spec {}: {source}", path.display())]
+    WriteSpec {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Files(#[from] RecoverError),
+    /// The claim failed, and destroying the dynamic devices made for it failed too.
+    #[error("{error}; undoing its dynamic MIG devices failed: {undo}")]
+    UndoFailed {
+        error: Box<PrepareError>,
+        undo: dynamic_mig::DynamicMigError,
+    },
+}
+
+/// Why one allocated device cannot be given to the claim's containers.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceProblem {
+    #[error("device {device} (request {request:?}) is not among the devices gpu-share publishes on node {node}")]
+    NotPublished {
+        device: String,
+        request: String,
+        node: String,
+    },
+    #[error(transparent)]
+    Device(#[from] devices::DeviceError),
+    #[error(transparent)]
+    DynamicMig(#[from] dynamic_mig::DynamicMigError),
+}
+
+/// The problems of one claim, said together (`; `).
+#[derive(Debug)]
+pub struct DeviceProblems(pub Vec<DeviceProblem>);
+
+impl std::fmt::Display for DeviceProblems {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let each: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+        f.write_str(&each.join("; "))
+    }
 }
 
 /// A claim's UID and `namespace/name`, for the dynamic-MIG journal and its messages.
