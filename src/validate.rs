@@ -125,8 +125,8 @@ fn validate_rule(name: &str, index: usize, rule: &Rule) -> Vec<Problem> {
     let mut problems: Vec<Problem> = check_selector(&rule.devices).into_iter().map(at).collect();
     let mode = match rule.mode() {
         Ok(mode) => mode,
-        Err(message) => {
-            problems.push(at(message));
+        Err(e) => {
+            problems.push(at(e.to_string()));
             return problems;
         }
     };

@@ -642,3 +642,67 @@ fn no_source_file_is_too_long_without_a_reason() {
         too_long.join(", ")
     );
 }
+
+/// Whether `code` (comments and strings already out) declares a `Result` whose error is a bare
+/// `String`: `Result<T, String>`, generics in `T` included.
+fn returns_a_string_error(code: &str) -> bool {
+    code.match_indices("Result<").any(|(start, _)| {
+        let mut depth = 0usize;
+        let mut last_comma = None;
+        for (i, c) in code[start..].char_indices() {
+            match c {
+                '<' => depth += 1,
+                '>' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        let error = last_comma.map(|at| code[start + at + 1..start + i].trim());
+                        return error == Some("String");
+                    }
+                }
+                ',' if depth == 1 => last_comma = Some(i),
+                _ => {}
+            }
+        }
+        false
+    })
+}
+
+/// Errors are typed, so callers decide by kind (issue 39 item 3): no function in src/,
+/// tests included, returns `Result<_, String>`. clap takes any error type for a value parser.
+#[test]
+fn no_result_carries_a_bare_string_error() {
+    let offenders: Vec<String> = sources()
+        .iter()
+        .flat_map(|s| {
+            code_only(&s.text)
+                .lines()
+                .enumerate()
+                .filter(|(_, line)| returns_a_string_error(line))
+                .map(|(i, _)| format!("src/{}:{}", s.rel, i + 1))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "give these a thiserror enum naming what went wrong: {}",
+        offenders.join(", ")
+    );
+}
+
+#[test]
+fn the_string_error_check_sees_nested_generics() {
+    assert!(returns_a_string_error(
+        "fn f() -> Result<Vec<u32>, String> {"
+    ));
+    assert!(returns_a_string_error(
+        "fn f() -> Option<Result<(), String>> {"
+    ));
+    assert!(returns_a_string_error(
+        "fn f() -> Result<(Vec<Device>, Option<Spec>), String> {"
+    ));
+    assert!(!returns_a_string_error("fn f() -> Result<String, Error> {"));
+    assert!(!returns_a_string_error("fn f() -> kube::Result<String> {"));
+    assert!(!returns_a_string_error(
+        "fn f() -> Result<(), Vec<String>> {"
+    ));
+}

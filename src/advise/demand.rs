@@ -112,6 +112,32 @@ pub enum Need {
     Whole { count: u32 },
 }
 
+/// A pod whose requests advise cannot serve, named.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("pod {pod}: {problem}")]
+pub struct PodError {
+    pub pod: String,
+    pub problem: PodProblem,
+}
+
+/// What in a pod's requests advise cannot serve.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PodProblem {
+    #[error("requests {0}: advise handles one GPU resource per pod")]
+    SeveralResources(String),
+    #[error(
+        "{ISOLATION_ANNOTATION}: mig on nvidia.com/gpu needs {MEMORY_ANNOTATION} to pick a MIG \
+         profile (or request nvidia.com/mig-<profile>)"
+    )]
+    MigWithoutMemory,
+    #[error("{ISOLATION_ANNOTATION}: {0:?} is not mig, mps or shared")]
+    Isolation(String),
+    #[error("{MEMORY_ANNOTATION}: {0:?} GiB is over {MAX_MEMORY_GIB}, more than any GPU holds")]
+    MemoryOver(String),
+    #[error("{MEMORY_ANNOTATION}: {0:?} is not a positive number of GiB")]
+    MemoryNotANumber(String),
+}
+
 impl PodDemand {
     /// `namespace/name`.
     pub fn id(&self) -> String {
@@ -120,8 +146,11 @@ impl PodDemand {
 
     /// What the pod needs; none when it requests no GPU, an error naming the pod for requests
     /// advise cannot serve (two GPU resources, an unknown isolation, a bad memory figure).
-    pub fn need(&self) -> Result<Option<Need>, String> {
-        let at = |m: String| format!("pod {}: {m}", self.id());
+    pub fn need(&self) -> Result<Option<Need>, PodError> {
+        let at = |problem: PodProblem| PodError {
+            pod: self.id(),
+            problem,
+        };
         let gpu: Vec<(&String, &u32)> = self
             .requests
             .iter()
@@ -131,12 +160,11 @@ impl PodDemand {
             [] => return Ok(None),
             [one] => *one,
             _ => {
-                return Err(at(format!(
-                    "requests {}: advise handles one GPU resource per pod",
+                return Err(at(PodProblem::SeveralResources(
                     gpu.iter()
                         .map(|(r, _)| r.as_str())
                         .collect::<Vec<_>>()
-                        .join(" and ")
+                        .join(" and "),
                 )))
             }
         };
@@ -161,31 +189,19 @@ impl PodDemand {
                 memory_mib,
                 count,
             },
-            Some("mig") => {
-                return Err(at(format!(
-                    "{ISOLATION_ANNOTATION}: mig on nvidia.com/gpu needs {MEMORY_ANNOTATION} to pick a MIG profile (or request nvidia.com/mig-<profile>)"
-                )))
-            }
-            Some(other) => {
-                return Err(at(format!(
-                    "{ISOLATION_ANNOTATION}: {other:?} is not mig, mps or shared"
-                )))
-            }
+            Some("mig") => return Err(at(PodProblem::MigWithoutMemory)),
+            Some(other) => return Err(at(PodProblem::Isolation(other.to_string()))),
         }))
     }
 
-    fn memory_mib(&self) -> Result<Option<u64>, String> {
+    fn memory_mib(&self) -> Result<Option<u64>, PodProblem> {
         let Some(text) = self.annotations.get(MEMORY_ANNOTATION) else {
             return Ok(None);
         };
         match text.trim().parse::<f64>() {
-            Ok(gib) if gib > MAX_MEMORY_GIB => Err(format!(
-                "{MEMORY_ANNOTATION}: {text:?} GiB is over {MAX_MEMORY_GIB}, more than any GPU holds"
-            )),
+            Ok(gib) if gib > MAX_MEMORY_GIB => Err(PodProblem::MemoryOver(text.clone())),
             Ok(gib) if gib > 0.0 => Ok(Some((gib * 1024.0).ceil() as u64)),
-            _ => Err(format!(
-                "{MEMORY_ANNOTATION}: {text:?} is not a positive number of GiB"
-            )),
+            _ => Err(PodProblem::MemoryNotANumber(text.clone())),
         }
     }
 }
@@ -323,21 +339,26 @@ mod tests {
         let e = pod(&[("nvidia.com/gpu", 1)], &[(ISOLATION_ANNOTATION, "vgpu")])
             .need()
             .unwrap_err();
+        assert!(matches!(e.problem, PodProblem::Isolation(_)), "{e:?}");
+        let e = e.to_string();
         assert!(
             e.contains("pod ml/p") && e.contains("\"vgpu\" is not mig, mps or shared"),
             "{e}"
         );
         let e = pod(&[("nvidia.com/gpu", 1)], &[(ISOLATION_ANNOTATION, "mig")])
             .need()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("needs gpu-share.dev/memory-gib"), "{e}");
         let e = pod(&[("nvidia.com/gpu", 1), ("nvidia.com/mig-1g.10gb", 1)], &[])
             .need()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("one GPU resource per pod"), "{e}");
         let e = pod(&[("nvidia.com/gpu", 1)], &[(MEMORY_ANNOTATION, "-3")])
             .need()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not a positive number of GiB"), "{e}");
     }
 
@@ -348,7 +369,8 @@ mod tests {
         for huge in ["1e308", "inf", "1025"] {
             let e = pod(&[("nvidia.com/gpu", 1)], &[(MEMORY_ANNOTATION, huge)])
                 .need()
-                .unwrap_err();
+                .unwrap_err()
+                .to_string();
             assert!(
                 e.contains("is over 1024, more than any GPU holds"),
                 "{huge}: {e}"
@@ -357,7 +379,8 @@ mod tests {
         for bad in ["NaN", "0", "-1", "lots"] {
             let e = pod(&[("nvidia.com/gpu", 1)], &[(MEMORY_ANNOTATION, bad)])
                 .need()
-                .unwrap_err();
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("not a positive number of GiB"), "{bad}: {e}");
         }
         let most = pod(

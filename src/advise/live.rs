@@ -115,7 +115,7 @@ pub fn from_cluster(cluster: &Cluster, plugin: PluginKind) -> LiveInput {
         let name = node.metadata.name.as_deref().unwrap_or_default();
         // `now` names the node in its errors; supply_node's reasons get the name here.
         let checked = match supply_node(node, &cluster.profiles) {
-            Ok(Some(n)) => n.now(plugin).map(|_| Some(n)),
+            Ok(Some(n)) => n.now(plugin).map(|_| Some(n)).map_err(|e| e.to_string()),
             Ok(None) => Ok(None),
             Err(why) => Err(format!("node {name}: {why}")),
         };
@@ -188,7 +188,7 @@ fn pin_held_devices(cluster: &Cluster, input: &mut LiveInput, plugin: PluginKind
             .and_then(|devices| {
                 let mut pinned = pod.clone();
                 pinned.devices = devices;
-                let need = pinned.need().map_err(|e| vec![e])?;
+                let need = pinned.need().map_err(|e| vec![e.to_string()])?;
                 let errors = check_held_devices(std::slice::from_ref(&pinned), &[need], &nows);
                 errors.is_empty().then_some(pinned.devices).ok_or(errors)
             });
@@ -213,12 +213,29 @@ fn bound_pending_as_running(mut pod: PodDemand) -> PodDemand {
     pod
 }
 
+/// Why a GPU node is left out of the supply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum Skipped {
+    #[error("not Ready (condition Ready is {0})")]
+    NotReady(String),
+    #[error("cordoned, not by gpu-share")]
+    CordonedByOthers,
+    #[error("{PROFILE_LABEL}={0}, but the profiles ConfigMap has no key {0}")]
+    NoProfile(String),
+    #[error("{PROFILE_LABEL}={key} cannot be read: {problem}")]
+    UnreadableProfile { key: String, problem: String },
+    #[error(transparent)]
+    Labels(#[from] super::node_gpus::LabelError),
+    #[error("{count_read}: {count} GPUs, over the {MAX_SIMULATED_GPUS} a node holds")]
+    TooManyGpus { count_read: String, count: u32 },
+}
+
 /// The node as supply; none for a node without GFD's GPU labels (not a GPU node), an error
 /// when its labels or its profile cannot be read.
 fn supply_node(
     node: &Node,
     profiles: &BTreeMap<String, String>,
-) -> Result<Option<SupplyNode>, String> {
+) -> Result<Option<SupplyNode>, Skipped> {
     if !has_gpu_labels(node) {
         return Ok(None);
     }
@@ -229,11 +246,13 @@ fn supply_node(
     let (profile_name, profile) = match running_profile(node, profiles) {
         None => (None, None),
         Some(key) => {
-            let text = profiles.get(key).ok_or_else(|| {
-                format!("{PROFILE_LABEL}={key}, but the profiles ConfigMap has no key {key}")
+            let text = profiles
+                .get(key)
+                .ok_or_else(|| Skipped::NoProfile(key.to_string()))?;
+            let profile = parse_profile(key, text).map_err(|p| Skipped::UnreadableProfile {
+                key: key.to_string(),
+                problem: p.to_string(),
             })?;
-            let profile = parse_profile(key, text)
-                .map_err(|p| format!("{PROFILE_LABEL}={key} cannot be read: {p}"))?;
             (Some(key.to_string()), Some(profile))
         }
     };
@@ -242,9 +261,7 @@ fn supply_node(
         return Ok(None);
     }
     if count > MAX_SIMULATED_GPUS {
-        return Err(format!(
-            "{count_read}: {count} GPUs, over the {MAX_SIMULATED_GPUS} a node holds",
-        ));
+        return Err(Skipped::TooManyGpus { count_read, count });
     }
     Ok(Some(SupplyNode {
         name,
@@ -283,7 +300,7 @@ fn running_profile<'a>(node: &'a Node, profiles: &'a BTreeMap<String, String>) -
 /// Why pods cannot be placed on the node now: not Ready, or cordoned by someone other than
 /// gpu-share (the agent cordons with its annotation while it changes a node; that node stays
 /// supply). Advice for such a node would wait on a node nobody schedules to.
-fn unusable(node: &Node) -> Option<String> {
+fn unusable(node: &Node) -> Option<Skipped> {
     let ready = node
         .status
         .as_ref()
@@ -291,10 +308,7 @@ fn unusable(node: &Node) -> Option<String> {
         .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
         .map(|c| c.status.as_str());
     if ready != Some("True") {
-        return Some(format!(
-            "not Ready (condition Ready is {})",
-            ready.unwrap_or("missing")
-        ));
+        return Some(Skipped::NotReady(ready.unwrap_or("missing").to_string()));
     }
     let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
     let by_us = node
@@ -302,7 +316,7 @@ fn unusable(node: &Node) -> Option<String> {
         .annotations
         .as_ref()
         .is_some_and(|a| a.contains_key(CORDON_ANNOTATION));
-    (cordoned && !by_us).then(|| "cordoned, not by gpu-share".to_string())
+    (cordoned && !by_us).then_some(Skipped::CordonedByOthers)
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ pub fn advise(demand: &Demand, supply: &Supply, plugin: PluginKind) -> Result<Ad
         }
         match node.now(plugin) {
             Ok(now) => nows.push(now),
-            Err(e) => errors.push(e),
+            Err(e) => errors.push(e.to_string()),
         }
     }
     let mut needs = Vec::new();
@@ -55,7 +55,7 @@ pub fn advise(demand: &Demand, supply: &Supply, plugin: PluginKind) -> Result<Ad
         match pod.need() {
             Ok(need) => needs.push(need),
             Err(e) => {
-                errors.push(e);
+                errors.push(e.to_string());
                 needs.push(None);
             }
         }
@@ -93,27 +93,60 @@ fn check_counts(demand: &Demand, supply: &Supply) -> Result<(), Vec<String>> {
     }
 }
 
+/// A demand or supply file advise cannot read.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: the {what} is over {MAX_INPUT_BYTES} bytes (MAX_INPUT_BYTES)", path.display())]
+    TooLarge {
+        path: std::path::PathBuf,
+        what: String,
+    },
+    #[error("cannot read {}: not UTF-8 ({source})", path.display())]
+    NotUtf8 {
+        path: std::path::PathBuf,
+        source: std::string::FromUtf8Error,
+    },
+    #[error("cannot read the {what}: {source}")]
+    Yaml {
+        what: String,
+        source: serde_yaml::Error,
+    },
+}
+
 /// A demand or supply file's text, refused unread past [`MAX_INPUT_BYTES`] (at most one byte
 /// past the bound is read).
-pub fn read_input(what: &str, path: &std::path::Path) -> Result<String, String> {
+pub fn read_input(what: &str, path: &std::path::Path) -> Result<String, InputError> {
     use std::io::Read;
-    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
     let mut bytes = Vec::new();
     std::fs::File::open(path)
         .and_then(|f| f.take(MAX_INPUT_BYTES + 1).read_to_end(&mut bytes))
-        .map_err(cannot)?;
+        .map_err(|source| InputError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
     if bytes.len() as u64 > MAX_INPUT_BYTES {
-        return Err(format!(
-            "{}: the {what} is over {MAX_INPUT_BYTES} bytes (MAX_INPUT_BYTES)",
-            path.display()
-        ));
+        return Err(InputError::TooLarge {
+            path: path.to_path_buf(),
+            what: what.to_string(),
+        });
     }
-    String::from_utf8(bytes).map_err(|e| format!("cannot read {}: not UTF-8 ({e})", path.display()))
+    String::from_utf8(bytes).map_err(|source| InputError::NotUtf8 {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Read a demand or supply file: YAML or JSON (JSON is YAML).
-pub fn parse<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T, String> {
-    serde_yaml::from_str(text).map_err(|e| format!("cannot read the {what}: {e}"))
+pub fn parse<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T, InputError> {
+    serde_yaml::from_str(text).map_err(|source| InputError::Yaml {
+        what: what.to_string(),
+        source,
+    })
 }
 
 /// The solver's criteria and their order, end to end through [`advise`].
@@ -174,6 +207,8 @@ mod bounds {
         let file = std::fs::File::create(&path).unwrap();
         file.set_len(MAX_INPUT_BYTES + 1).unwrap();
         let e = read_input("demand", &path).unwrap_err();
+        assert!(matches!(e, InputError::TooLarge { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(
             e.ends_with("demand.yaml: the demand is over 67108864 bytes (MAX_INPUT_BYTES)"),
             "{e}"

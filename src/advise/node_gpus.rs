@@ -10,6 +10,49 @@ use crate::gpu_labels::{self, GFD_COUNT_LABEL as COUNT_LABEL, GFD_PRODUCT_LABEL 
 use crate::mig::catalog;
 use crate::profile::Profile;
 
+/// Why a node's GPU labels do not say which GPUs it has.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LabelError {
+    #[error("no GPU labels")]
+    NoLabels,
+    #[error(
+        "GPU Feature Discovery says {PRODUCT_LABEL}={product} ({count} GPUs) but gpu-share's \
+         agent found {}={found} ({found_count}): the labels disagree, so the node is left out \
+         until they agree (a GPU lost or replaced since one of them looked?)",
+        gpu_labels::PRODUCT_LABEL
+    )]
+    Disagree {
+        product: String,
+        count: u32,
+        found: String,
+        found_count: u32,
+    },
+    #[error("{product_label}={product} but no numeric {count_label} label")]
+    NotNumeric {
+        product_label: &'static str,
+        product: String,
+        count_label: &'static str,
+    },
+    #[error(
+        "{label}={product}: gpu-share's agent found GPUs of several products, and advise plans \
+         a node of one",
+        label = gpu_labels::PRODUCT_LABEL,
+        product = .0
+    )]
+    SeveralProducts(String),
+    #[error("{PRODUCT_LABEL}={0}: GPU Feature Discovery reports an invalid MIG layout")]
+    InvalidMig(String),
+    #[error(
+        "{PRODUCT_LABEL}={product}: under the single MIG strategy {COUNT_LABEL}={devices} counts \
+         {mig_profile} devices, and the node's profile does not say how many each GPU holds"
+    )]
+    SingleStrategyUnknown {
+        product: String,
+        devices: u32,
+        mig_profile: String,
+    },
+}
+
 pub(super) fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
     node.metadata.labels.as_ref()?.get(key).map(String::as_str)
 }
@@ -26,25 +69,24 @@ pub(super) fn has_gpu_labels(node: &Node) -> bool {
 pub(super) fn gpus_of<'a>(
     node: &'a Node,
     profile: Option<&Profile>,
-) -> Result<(&'a str, u32, String), String> {
+) -> Result<(&'a str, u32, String), LabelError> {
     let found = label(node, gpu_labels::PRODUCT_LABEL)
         .map(|product| found_gpus(node, product))
         .transpose()?;
     let Some(product) = label(node, PRODUCT_LABEL) else {
-        let (found, count) = found.ok_or("no GPU labels")?;
+        let (found, count) = found.ok_or(LabelError::NoLabels)?;
         return Ok((found, count, format!("{}={count}", gpu_labels::COUNT_LABEL)));
     };
     let devices = numeric(node, product, PRODUCT_LABEL, COUNT_LABEL)?;
     let count = gpu_count(product, devices, profile)?;
     if let Some((found, found_count)) = found {
         if gpu_spec(product, count) != gpu_spec(found, found_count) {
-            return Err(format!(
-                "GPU Feature Discovery says {PRODUCT_LABEL}={product} ({count} GPUs) but \
-                 gpu-share's agent found {}={found} ({found_count}): the labels disagree, so \
-                 the node is left out until they agree (a GPU lost or replaced since one of \
-                 them looked?)",
-                gpu_labels::PRODUCT_LABEL
-            ));
+            return Err(LabelError::Disagree {
+                product: product.to_string(),
+                count,
+                found: found.to_string(),
+                found_count,
+            });
         }
     }
     Ok((product, count, format!("{COUNT_LABEL}={devices}")))
@@ -54,26 +96,24 @@ pub(super) fn gpus_of<'a>(
 fn numeric(
     node: &Node,
     product: &str,
-    product_label: &str,
-    count_label: &str,
-) -> Result<u32, String> {
+    product_label: &'static str,
+    count_label: &'static str,
+) -> Result<u32, LabelError> {
     match label(node, count_label).map(str::parse::<u32>) {
         Some(Ok(n)) => Ok(n),
-        _ => Err(format!(
-            "{product_label}={product} but no numeric {count_label} label"
-        )),
+        _ => Err(LabelError::NotNumeric {
+            product_label,
+            product: product.to_string(),
+            count_label,
+        }),
     }
 }
 
 /// The GPUs gpu-share's agent found on the node (its `gpu-share.dev/gpu.*` labels): the
 /// product and how many whole GPUs; a node of several products cannot be one `plan --gpu` spec.
-fn found_gpus<'a>(node: &'a Node, product: &'a str) -> Result<(&'a str, u32), String> {
+fn found_gpus<'a>(node: &'a Node, product: &'a str) -> Result<(&'a str, u32), LabelError> {
     if product == gpu_labels::MIXED {
-        return Err(format!(
-            "{}={product}: gpu-share's agent found GPUs of several products, and advise plans \
-             a node of one",
-            gpu_labels::PRODUCT_LABEL
-        ));
+        return Err(LabelError::SeveralProducts(product.to_string()));
     }
     let count = numeric(
         node,
@@ -89,15 +129,13 @@ fn found_gpus<'a>(node: &'a Node, product: &'a str) -> Result<(&'a str, u32), St
 /// `…-MIG-<profile>`), where it counts the MIG devices (nvidia-stack.md §1.8). Then the GPUs
 /// are the devices over the instances per GPU of the node's current profile (single strategy:
 /// one rule, one MIG profile on every GPU). `-MIG-INVALID` is GFD saying the layout is broken.
-fn gpu_count(product: &str, devices: u32, profile: Option<&Profile>) -> Result<u32, String> {
+fn gpu_count(product: &str, devices: u32, profile: Option<&Profile>) -> Result<u32, LabelError> {
     let product = product.strip_suffix("-SHARED").unwrap_or(product);
     let Some((_, mig_profile)) = product.split_once("-MIG-") else {
         return Ok(devices);
     };
     if mig_profile == "INVALID" {
-        return Err(format!(
-            "{PRODUCT_LABEL}={product}: GPU Feature Discovery reports an invalid MIG layout"
-        ));
+        return Err(LabelError::InvalidMig(product.to_string()));
     }
     let per_gpu = profile
         .into_iter()
@@ -107,10 +145,11 @@ fn gpu_count(product: &str, devices: u32, profile: Option<&Profile>) -> Result<u
         .and_then(|n| u32::try_from(*n).ok());
     match per_gpu {
         Some(n) if devices.is_multiple_of(n) => Ok(devices / n),
-        _ => Err(format!(
-            "{PRODUCT_LABEL}={product}: under the single MIG strategy {COUNT_LABEL}={devices} counts \
-             {mig_profile} devices, and the node's profile does not say how many each GPU holds"
-        )),
+        _ => Err(LabelError::SingleStrategyUnknown {
+            product: product.to_string(),
+            devices,
+            mig_profile: mig_profile.to_string(),
+        }),
     }
 }
 
@@ -195,12 +234,17 @@ mod tests {
         assert_eq!(gpu_count("NVIDIA-H100-80GB-HBM3", 4, Some(&seven)), Ok(4));
         assert_eq!(gpu_count("NVIDIA-H100-80GB-HBM3-SHARED", 2, None), Ok(2));
         let e = gpu_count(product, 14, None).unwrap_err();
-        assert!(e.contains("counts 1g.10gb devices"), "{e}");
+        assert!(
+            matches!(e, LabelError::SingleStrategyUnknown { .. }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("counts 1g.10gb devices"), "{e}");
         assert!(
             gpu_count(product, 13, Some(&seven)).is_err(),
             "not whole GPUs"
         );
         let e = gpu_count("NVIDIA-H100-80GB-HBM3-MIG-INVALID", 0, None).unwrap_err();
-        assert!(e.contains("invalid MIG layout"), "{e}");
+        assert!(matches!(e, LabelError::InvalidMig(_)), "{e:?}");
+        assert!(e.to_string().contains("invalid MIG layout"), "{e}");
     }
 }

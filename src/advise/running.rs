@@ -294,8 +294,23 @@ pub(super) fn check_held_devices(
     errors
 }
 
+/// Why a device a running pod names is not one it can hold.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum HeldDeviceError {
+    #[error("no such GPU (the node has GPUs {0})")]
+    NoSuchGpu(String),
+    #[error("a MIG pod's device names its instance: migPlacementStart")]
+    NoPlacement,
+    #[error("the pod asks for a whole GPU, not a MIG instance")]
+    NotWhole,
+    #[error("no MIG instance there (GPU {gpu} has: {have})")]
+    NoInstance { gpu: u32, have: String },
+    #[error("the instance there is {found}, not {named}")]
+    OtherProfile { found: String, named: String },
+}
+
 /// Why `device` is not a device of `node` that a pod asking for `unit` can hold.
-fn check_device(node: &NodeNow, unit: &Unit, device: &HeldDevice) -> Result<(), String> {
+fn check_device(node: &NodeNow, unit: &Unit, device: &HeldDevice) -> Result<(), HeldDeviceError> {
     let Some(gpu) = node.observed.gpus.iter().find(|g| g.index == device.gpu) else {
         let indexes: Vec<String> = node
             .observed
@@ -303,15 +318,12 @@ fn check_device(node: &NodeNow, unit: &Unit, device: &HeldDevice) -> Result<(), 
             .iter()
             .map(|g| g.index.to_string())
             .collect();
-        return Err(format!(
-            "no such GPU (the node has GPUs {})",
-            indexes.join(", ")
-        ));
+        return Err(HeldDeviceError::NoSuchGpu(indexes.join(", ")));
     };
     let is_mig = matches!(unit, Unit::Mig { .. });
     match (is_mig, device.mig_placement_start) {
-        (true, None) => Err("a MIG pod's device names its instance: migPlacementStart".into()),
-        (false, Some(_)) => Err("the pod asks for a whole GPU, not a MIG instance".into()),
+        (true, None) => Err(HeldDeviceError::NoPlacement),
+        (false, Some(_)) => Err(HeldDeviceError::NotWhole),
         (false, None) => Ok(()),
         (true, Some(start)) => {
             let Some(instance) = gpu.instances.iter().find(|i| i.placement.start == start) else {
@@ -320,21 +332,20 @@ fn check_device(node: &NodeNow, unit: &Unit, device: &HeldDevice) -> Result<(), 
                     .iter()
                     .map(|i| format!("{} at {}", i.profile, i.placement.start))
                     .collect();
-                return Err(format!(
-                    "no MIG instance there (GPU {} has: {})",
-                    gpu.index,
-                    if have.is_empty() {
+                return Err(HeldDeviceError::NoInstance {
+                    gpu: gpu.index,
+                    have: if have.is_empty() {
                         "none".to_string()
                     } else {
                         have.join(", ")
-                    }
-                ));
+                    },
+                });
             };
             match &device.mig_profile {
-                Some(p) if *p != instance.profile => Err(format!(
-                    "the instance there is {}, not {p}",
-                    instance.profile
-                )),
+                Some(p) if *p != instance.profile => Err(HeldDeviceError::OtherProfile {
+                    found: instance.profile.clone(),
+                    named: p.clone(),
+                }),
                 _ => Ok(()),
             }
         }

@@ -63,42 +63,63 @@ pub struct CurrentProfile {
     pub gpus: Vec<crate::sharing::GpuPlan>,
 }
 
+/// A supply node advise cannot read, named.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("node {node}: {problem}")]
+pub struct NodeError {
+    pub node: String,
+    pub problem: NodeProblem,
+}
+
+/// What in a supply node advise cannot read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeProblem {
+    #[error(
+        "current lists {0} GPUs; a node has at most {MAX_GPUS_PER_NODE} (GPU indices 0 to \
+         {MAX_GPU_INDEX} in a profile)"
+    )]
+    TooManyGpus(usize),
+    #[error(transparent)]
+    GpuSpec(#[from] crate::gpu::GpuSpecError),
+    #[error("give its GPUs as `gpus` or `current`, not both")]
+    GpusAndCurrent,
+    #[error("no GPUs: give `gpus` (e.g. [h100x8]) or `current`")]
+    NoGpus,
+    /// Its current profile's problems on its GPUs, as `plan` says them.
+    #[error("its current profile does not plan on its GPUs: {0}")]
+    CurrentDoesNotPlan(String),
+}
+
 impl SupplyNode {
     /// The node as it is now, or why it cannot be read (a bad spec, a current profile that does
     /// not plan on these GPUs).
-    pub fn now(&self, plugin: PluginKind) -> Result<NodeNow, String> {
-        let at = |m: String| format!("node {}: {m}", self.name);
+    pub fn now(&self, plugin: PluginKind) -> Result<NodeNow, NodeError> {
+        let at = |problem: NodeProblem| NodeError {
+            node: self.name.clone(),
+            problem,
+        };
         let mut observed = match (&self.current, self.gpus.is_empty()) {
             (Some(current), true) if current.gpus.len() > MAX_GPUS_PER_NODE => {
-                return Err(at(format!(
-                    "current lists {} GPUs; a node has at most {MAX_GPUS_PER_NODE} (GPU \
-                     indices 0 to {MAX_GPU_INDEX} in a profile)",
-                    current.gpus.len()
-                )))
+                return Err(at(NodeProblem::TooManyGpus(current.gpus.len())))
             }
             (Some(current), true) => current.clone(),
-            (None, false) => ObservedNode::from_gpu_specs(&self.gpus).map_err(at)?,
-            (Some(_), false) => {
-                return Err(at("give its GPUs as `gpus` or `current`, not both".into()))
+            (None, false) => {
+                ObservedNode::from_gpu_specs(&self.gpus).map_err(|e| at(NodeProblem::from(e)))?
             }
-            (None, true) => {
-                return Err(at(
-                    "no GPUs: give `gpus` (e.g. [h100x8]) or `current`".into()
-                ))
-            }
+            (Some(_), false) => return Err(at(NodeProblem::GpusAndCurrent)),
+            (None, true) => return Err(at(NodeProblem::NoGpus)),
         };
         let name = self.profile_name.as_deref().unwrap_or("current");
         let mut current = None;
         let modes = match &self.profile {
             Some(profile) => {
                 let plan = plan_for(name, profile, &observed, plugin).map_err(|problems| {
-                    at(format!(
-                        "its current profile does not plan on its GPUs: {}",
+                    at(NodeProblem::CurrentDoesNotPlan(
                         problems
                             .iter()
                             .map(ToString::to_string)
                             .collect::<Vec<_>>()
-                            .join("; ")
+                            .join("; "),
                     ))
                 })?;
                 if self.current.is_none() {
@@ -193,6 +214,8 @@ mod tests {
             serde_json::from_value(serde_json::json!({"name": "big", "current": {"gpus": many}}))
                 .unwrap();
         let e = node.now(PluginKind::Nvidia).unwrap_err();
+        assert_eq!(e.problem, NodeProblem::TooManyGpus(65));
+        let e = e.to_string();
         assert!(
             e.starts_with("node big: current lists 65 GPUs; a node has at most 64"),
             "{e}"
@@ -203,6 +226,7 @@ mod tests {
     fn a_node_without_gpus_is_refused_by_name() {
         let node: SupplyNode = serde_yaml::from_str("name: n9\n").unwrap();
         let e = node.now(PluginKind::Nvidia).unwrap_err();
-        assert!(e.starts_with("node n9: no GPUs"), "{e}");
+        assert_eq!(e.problem, NodeProblem::NoGpus);
+        assert!(e.to_string().starts_with("node n9: no GPUs"), "{e}");
     }
 }

@@ -21,6 +21,15 @@ use tracing::{info, warn};
 
 pub use crate::lease::{holder, Holder};
 
+/// What one attempt to take or renew the Lease found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Attempt {
+    /// This replica holds it.
+    Ours,
+    /// Another holds it: who, as said in logs.
+    HeldBy(String),
+}
+
 /// The autopilot's Lease, taken as one identity.
 #[derive(Clone)]
 pub struct Leader {
@@ -58,12 +67,12 @@ impl Leader {
         let mut waiting_logged = false;
         loop {
             match self.try_take().await {
-                Ok(Ok(())) => break,
-                Ok(Err(holder)) if !waiting_logged => {
+                Ok(Attempt::Ours) => break,
+                Ok(Attempt::HeldBy(holder)) if !waiting_logged => {
                     info!(lease = %self.name, %holder, "another replica leads; waiting for the lease");
                     waiting_logged = true;
                 }
-                Ok(Err(_)) => {}
+                Ok(Attempt::HeldBy(_)) => {}
                 Err(e) => {
                     warn!(lease = %self.name, error = %e, "cannot read or take the lease; retrying")
                 }
@@ -85,8 +94,8 @@ impl Leader {
         (self.duration / 2).min(Duration::from_secs(5))
     }
 
-    /// One attempt: `Ok(Ok(()))` when taken, `Ok(Err(holder))` when someone else leads.
-    async fn try_take(&self) -> kube::Result<Result<(), String>> {
+    /// One attempt: [`Attempt::Ours`] when taken, [`Attempt::HeldBy`] when someone else leads.
+    async fn try_take(&self) -> kube::Result<Attempt> {
         let now = Timestamp::now();
         let Some(lease) = self.api.get_opt(&self.name).await? else {
             let lease = Lease {
@@ -104,13 +113,15 @@ impl Leader {
                 )
                 .await
             {
-                Ok(_) => Ok(Ok(())),
-                Err(e) if is_code(&e, 409) => Ok(Err("(a replica that created it first)".into())),
+                Ok(_) => Ok(Attempt::Ours),
+                Err(e) if is_code(&e, 409) => {
+                    Ok(Attempt::HeldBy("(a replica that created it first)".into()))
+                }
                 Err(e) => Err(e),
             };
         };
         let previous = match holder(&lease, &self.identity, now, self.duration) {
-            Holder::Other(h) => return Ok(Err(h)),
+            Holder::Other(h) => return Ok(Attempt::HeldBy(h)),
             Holder::Lapsed(h) => {
                 info!(lease = %self.name, previous = %h, "taking over a lease its holder let lapse");
                 Some(h)
@@ -136,8 +147,10 @@ impl Leader {
             )
             .await
         {
-            Ok(_) => Ok(Ok(())),
-            Err(e) if is_code(&e, 409) => Ok(Err("(a replica that took it first)".into())),
+            Ok(_) => Ok(Attempt::Ours),
+            Err(e) if is_code(&e, 409) => {
+                Ok(Attempt::HeldBy("(a replica that took it first)".into()))
+            }
             Err(e) => Err(e),
         }
     }
@@ -154,15 +167,15 @@ impl Leader {
         }
     }
 
-    /// Renew now: `Ok(Err(holder))` when another replica holds the Lease by now.
-    async fn renew(&self) -> kube::Result<Result<(), String>> {
+    /// Renew now: [`Attempt::HeldBy`] when another replica holds the Lease by now.
+    async fn renew(&self) -> kube::Result<Attempt> {
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {
-            return Ok(Err("nobody (it was deleted)".into()));
+            return Ok(Attempt::HeldBy("nobody (it was deleted)".into()));
         };
         match holder(&lease, &self.identity, Timestamp::now(), self.duration) {
             Holder::Us => {}
-            Holder::Free => return Ok(Err("nobody (it was released)".into())),
-            Holder::Lapsed(h) | Holder::Other(h) => return Ok(Err(h)),
+            Holder::Free => return Ok(Attempt::HeldBy("nobody (it was released)".into())),
+            Holder::Lapsed(h) | Holder::Other(h) => return Ok(Attempt::HeldBy(h)),
         }
         if let Some(spec) = lease.spec.as_mut() {
             spec.renew_time = Some(MicroTime(Timestamp::now()));
@@ -174,7 +187,7 @@ impl Leader {
                 &lease,
             )
             .await?;
-        Ok(Ok(()))
+        Ok(Attempt::Ours)
     }
 
     /// Renew every third of the duration; say why on `lost` when leadership ends.
@@ -184,11 +197,11 @@ impl Leader {
         loop {
             tokio::time::sleep(every).await;
             let why = match self.renew().await {
-                Ok(Ok(())) => {
+                Ok(Attempt::Ours) => {
                     last_ok = Instant::now();
                     continue;
                 }
-                Ok(Err(h)) => format!("lease {} is held by {h} now", self.name),
+                Ok(Attempt::HeldBy(h)) => format!("lease {} is held by {h} now", self.name),
                 Err(e) if last_ok.elapsed() < self.duration => {
                     warn!(lease = %self.name, error = %e, "cannot renew the lease; retrying");
                     continue;

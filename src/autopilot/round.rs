@@ -368,7 +368,7 @@ fn drop_unservable_pods(demand: &mut advise::Demand) -> Vec<String> {
     demand.pods.retain(|p| match p.need() {
         Ok(_) => true,
         Err(e) => {
-            refused.push(e);
+            refused.push(e.to_string());
             false
         }
     });

@@ -67,6 +67,36 @@ impl Default for DeviceListing {
     }
 }
 
+/// A device-listing setting the plugin cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ListingError {
+    #[error("no device list strategy given (envvar, cdi-cri, cdi-annotations)")]
+    NoStrategy,
+    #[error("invalid CDI kind {kind:?}: {why}")]
+    Kind { kind: String, why: &'static str },
+    #[error("CDI annotation prefix {0:?} must end with '/' (like {DEFAULT_ANNOTATION_PREFIX:?})")]
+    AnnotationPrefix(String),
+}
+
+/// Why the CDI refresh command did not refresh the spec.
+#[derive(Debug, thiserror::Error)]
+pub enum RefreshError {
+    #[error("`{command}` did not finish within {} s", REFRESH_TIMEOUT.as_secs())]
+    TimedOut { command: String },
+    #[error("cannot run `{command}`: {source}")]
+    NotRun {
+        command: String,
+        source: std::io::Error,
+    },
+    /// It ran and failed: its exit status and the end of its output.
+    #[error("`{command}` failed ({status}): {output}")]
+    Failed {
+        command: String,
+        status: std::process::ExitStatus,
+        output: String,
+    },
+}
+
 impl DeviceListing {
     /// Checked: at least one strategy, a `vendor/class` kind as the CDI spec defines them, and
     /// an annotation prefix ending in `/`.
@@ -74,9 +104,9 @@ impl DeviceListing {
         strategies: &[DeviceListStrategy],
         kind: &str,
         annotation_prefix: &str,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ListingError> {
         if strategies.is_empty() {
-            return Err("no device list strategy given (envvar, cdi-cri, cdi-annotations)".into());
+            return Err(ListingError::NoStrategy);
         }
         check_kind(kind)?;
         check_annotation_prefix(annotation_prefix)?;
@@ -146,20 +176,18 @@ fn unique_devices(ids: &[String]) -> Vec<&str> {
 }
 
 /// For clap: a checked `--cdi-kind`.
-pub fn parse_kind(kind: &str) -> Result<String, String> {
+pub fn parse_kind(kind: &str) -> Result<String, ListingError> {
     check_kind(kind).map(|()| kind.to_string())
 }
 
 /// For clap: a checked `--cdi-annotation-prefix`.
-pub fn parse_annotation_prefix(prefix: &str) -> Result<String, String> {
+pub fn parse_annotation_prefix(prefix: &str) -> Result<String, ListingError> {
     check_annotation_prefix(prefix).map(|()| prefix.to_string())
 }
 
-fn check_annotation_prefix(prefix: &str) -> Result<(), String> {
+fn check_annotation_prefix(prefix: &str) -> Result<(), ListingError> {
     if prefix.len() < 2 || !prefix.ends_with('/') {
-        return Err(format!(
-            "CDI annotation prefix {prefix:?} must end with '/' (like {DEFAULT_ANNOTATION_PREFIX:?})"
-        ));
+        return Err(ListingError::AnnotationPrefix(prefix.to_string()));
     }
     Ok(())
 }
@@ -167,8 +195,13 @@ fn check_annotation_prefix(prefix: &str) -> Result<(), String> {
 /// A CDI kind, `vendor/class`: the vendor of letters, digits, `-`, `_` and `.`, the class of
 /// letters, digits, `-` and `_`, each starting and ending with a letter or digit (the CDI
 /// parser's `ValidateVendorName` and `ValidateClassName`).
-pub fn check_kind(kind: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(format!("invalid CDI kind {kind:?}: {why}"));
+pub fn check_kind(kind: &str) -> Result<(), ListingError> {
+    let bad = |why: &'static str| {
+        Err(ListingError::Kind {
+            kind: kind.to_string(),
+            why,
+        })
+    };
     let Some((vendor, class)) = kind.split_once('/') else {
         return bad("expected vendor/class, e.g. nvidia.com/gpu");
     };
@@ -198,7 +231,7 @@ pub const REFRESH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// container whose CDI device is not in a spec. NVIDIA's MIG manager does the same after a MIG
 /// change (its `refresh-cdi` hook, nvidia-stack.md §2.4). The error quotes the command and the
 /// end of its output.
-pub async fn refresh(command: &[String]) -> Result<(), String> {
+pub async fn refresh(command: &[String]) -> Result<(), RefreshError> {
     let Some((program, args)) = command.split_first() else {
         return Ok(());
     };
@@ -210,13 +243,13 @@ pub async fn refresh(command: &[String]) -> Result<(), String> {
         .output();
     let out = tokio::time::timeout(REFRESH_TIMEOUT, run)
         .await
-        .map_err(|_| {
-            format!(
-                "`{shown}` did not finish within {} s",
-                REFRESH_TIMEOUT.as_secs()
-            )
+        .map_err(|_| RefreshError::TimedOut {
+            command: shown.clone(),
         })?
-        .map_err(|e| format!("cannot run `{shown}`: {e}"))?;
+        .map_err(|source| RefreshError::NotRun {
+            command: shown.clone(),
+            source,
+        })?;
     if out.status.success() {
         return Ok(());
     }
@@ -228,11 +261,11 @@ pub async fn refresh(command: &[String]) -> Result<(), String> {
         .map(|(i, _)| i)
         .find(|&i| output.len() - i <= 400)
         .unwrap_or(output.len());
-    Err(format!(
-        "`{shown}` failed ({}): {}",
-        out.status,
-        &output[start..]
-    ))
+    Err(RefreshError::Failed {
+        command: shown,
+        status: out.status,
+        output: output[start..].to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -240,12 +273,14 @@ mod tests {
     #[tokio::test]
     async fn a_refresh_that_fails_quotes_the_command_and_its_output() {
         let ok = ["true".to_string()];
-        assert_eq!(super::refresh(&ok).await, Ok(()));
-        assert_eq!(super::refresh(&[]).await, Ok(()));
+        assert!(super::refresh(&ok).await.is_ok());
+        assert!(super::refresh(&[]).await.is_ok());
         let failing: Vec<String> = ["sh", "-c", "echo no such spec dir >&2; exit 3"]
             .map(String::from)
             .to_vec();
         let e = super::refresh(&failing).await.unwrap_err();
+        assert!(matches!(e, super::RefreshError::Failed { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(
             e.starts_with("`sh -c echo no such spec dir >&2; exit 3` failed"),
             "{e}"
@@ -253,6 +288,8 @@ mod tests {
         assert!(e.ends_with("no such spec dir"), "{e}");
         let missing = ["/nonexistent/nvidia-ctk".to_string()];
         let e = super::refresh(&missing).await.unwrap_err();
+        assert!(matches!(e, super::RefreshError::NotRun { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.starts_with("cannot run `/nonexistent/nvidia-ctk`"), "{e}");
     }
 

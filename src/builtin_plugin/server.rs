@@ -174,13 +174,24 @@ fn response_id() -> String {
     )
 }
 
+/// Why the kubelet did not take a plugin's registration.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error("cannot connect to the kubelet: {0}")]
+    Connect(String),
+    #[error("the kubelet refused the registration: {0}")]
+    Refused(String),
+    #[error("the kubelet did not answer the registration within 10 s")]
+    NoAnswer,
+}
+
 /// `Register` `resource` (served on `endpoint`, a file name in `dir`) with the kubelet at
 /// `dir/kubelet.sock`.
-pub async fn register(dir: &Path, endpoint: &str, resource: &str) -> Result<(), String> {
+pub async fn register(dir: &Path, endpoint: &str, resource: &str) -> Result<(), RegisterError> {
     let call = async {
         let channel = crate::kubelet::dial(dir.join(KUBELET_SOCKET))
             .await
-            .map_err(|e| format!("cannot connect to the kubelet: {e}"))?;
+            .map_err(|e| RegisterError::Connect(e.to_string()))?;
         RegistrationClient::new(channel)
             .register(api::RegisterRequest {
                 version: api::VERSION.into(),
@@ -189,12 +200,12 @@ pub async fn register(dir: &Path, endpoint: &str, resource: &str) -> Result<(), 
                 options: Some(options()),
             })
             .await
-            .map_err(|s| format!("the kubelet refused the registration: {}", s.message()))?;
+            .map_err(|s| RegisterError::Refused(s.message().to_string()))?;
         Ok(())
     };
     let result = tokio::time::timeout(Duration::from_secs(10), call)
         .await
-        .map_err(|_| "the kubelet did not answer the registration within 10 s".to_string())?;
+        .map_err(|_| RegisterError::NoAnswer)?;
     debug!(resource, endpoint, "registered with the kubelet");
     result
 }

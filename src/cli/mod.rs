@@ -637,7 +637,7 @@ fn observe_this_node(gpus: &NodeGpuArgs) -> Result<ObservedNode> {
 /// Exit 0 when every pod is served, 1 when some are unschedulable or the input is refused.
 fn run_advise(args: &AdviseArgs) -> Result<ExitCode> {
     fn read<T: serde::de::DeserializeOwned>(what: &str, path: &Path) -> Result<T> {
-        let text = advise::read_input(what, path).map_err(anyhow::Error::msg)?;
+        let text = advise::read_input(what, path)?;
         advise::parse(what, &text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
     }
     let (demand, supply) = match (&args.demand, &args.supply) {

@@ -21,7 +21,9 @@ use nvml_wrapper::{Device, Nvml};
 use serde::{Deserialize, Serialize};
 
 use crate::mig::{catalog, ExistingInstance, GpuInstanceProfile, GpuModel, Placement};
-pub use observed::{MigDevice, MigMode, ObservedGpu, ObservedNode, MAX_SIMULATED_GPUS};
+pub use observed::{
+    GpuSpecError, MigDevice, MigMode, ObservedGpu, ObservedNode, MAX_SIMULATED_GPUS,
+};
 pub use raw::NvmlCallError;
 pub use tegra::Tegra;
 

@@ -145,16 +145,15 @@ impl ObservedNode {
     /// model, a count of 0 or above [`MAX_SIMULATED_GPUS`] (in all), or a short name one typo
     /// away from a catalog model (`h10` → `h100`), which would otherwise become a GPU without
     /// MIG. A product name with a space (`NVIDIA A10`) is always taken as it is.
-    pub fn from_gpu_specs(specs: &[String]) -> Result<Self, String> {
+    pub fn from_gpu_specs(specs: &[String]) -> Result<Self, GpuSpecError> {
         let mut gpus = Vec::new();
         for spec in specs {
             let (name, count) = parse_gpu_spec(spec)?;
             if gpus.len() as u64 + u64::from(count) > u64::from(MAX_SIMULATED_GPUS) {
-                return Err(format!(
-                    "--gpu {spec:?}: a simulated node holds at most {MAX_SIMULATED_GPUS} GPUs \
-                     (MAX_SIMULATED_GPUS); this one would have {}",
-                    gpus.len() as u64 + u64::from(count)
-                ));
+                return Err(GpuSpecError::NodeTooLarge {
+                    spec: spec.clone(),
+                    total: gpus.len() as u64 + u64::from(count),
+                });
             }
             for _ in 0..count {
                 gpus.push(ObservedGpu::simulated(gpus.len() as u32, name));
@@ -164,31 +163,64 @@ impl ObservedNode {
     }
 }
 
+/// A `--gpu` spec that would mislead: each kind says what to write instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GpuSpecError {
+    #[error(
+        "--gpu {0:?}: no GPU model; give a catalog model (`h100x8`, see `gpu-share catalog`) or \
+         a product name (`\"NVIDIA GeForce RTX 3090x2\"`)"
+    )]
+    NoModel(String),
+    #[error(
+        "--gpu {spec:?}: {count} GPUs of {name}; a simulated node holds 1 to \
+         {MAX_SIMULATED_GPUS} (MAX_SIMULATED_GPUS)"
+    )]
+    Count {
+        spec: String,
+        count: u64,
+        name: String,
+    },
+    /// A short name one typo away from a catalog model (`h10` → `h100`).
+    #[error(
+        "--gpu {spec:?}: {name:?} is not in the MIG catalog; did you mean {close}? (`gpu-share \
+         catalog` lists the models; a GPU without MIG is given by its product name, with its \
+         space, e.g. \"NVIDIA A10\")"
+    )]
+    NearCatalogName {
+        spec: String,
+        name: String,
+        close: String,
+    },
+    #[error(
+        "--gpu {spec:?}: a simulated node holds at most {MAX_SIMULATED_GPUS} GPUs \
+         (MAX_SIMULATED_GPUS); this one would have {total}"
+    )]
+    NodeTooLarge { spec: String, total: u64 },
+}
+
 /// One `--gpu` spec: its model name and how many GPUs of it.
-fn parse_gpu_spec(spec: &str) -> Result<(&str, u32), String> {
+fn parse_gpu_spec(spec: &str) -> Result<(&str, u32), GpuSpecError> {
     let (name, count) = split_count(spec);
     if name.is_empty() {
-        return Err(format!(
-            "--gpu {spec:?}: no GPU model; give a catalog model (`h100x8`, see `gpu-share catalog`) \
-             or a product name (`\"NVIDIA GeForce RTX 3090x2\"`)"
-        ));
+        return Err(GpuSpecError::NoModel(spec.to_string()));
     }
     let count = match count {
         Count::One => 1,
         Count::Given(n) if (1..=u64::from(MAX_SIMULATED_GPUS)).contains(&n) => n as u32,
         Count::Given(n) => {
-            return Err(format!(
-                "--gpu {spec:?}: {n} GPUs of {name}; a simulated node holds 1 to \
-                 {MAX_SIMULATED_GPUS} (MAX_SIMULATED_GPUS)"
-            ))
+            return Err(GpuSpecError::Count {
+                spec: spec.to_string(),
+                count: n,
+                name: name.to_string(),
+            })
         }
     };
     if let Some(close) = near_catalog_names(name) {
-        return Err(format!(
-            "--gpu {spec:?}: {name:?} is not in the MIG catalog; did you mean {close}? \
-             (`gpu-share catalog` lists the models; a GPU without MIG is given by its product \
-             name, with its space, e.g. \"NVIDIA A10\")"
-        ));
+        return Err(GpuSpecError::NearCatalogName {
+            spec: spec.to_string(),
+            name: name.to_string(),
+            close,
+        });
     }
     Ok((name, count))
 }
@@ -277,7 +309,11 @@ mod tests {
     /// Each of these used to become a node silently.
     #[test]
     fn gpu_specs_that_would_mislead_are_refused() {
-        let refused = |spec: &str| ObservedNode::from_gpu_specs(&[spec.to_string()]).unwrap_err();
+        let refused = |spec: &str| {
+            ObservedNode::from_gpu_specs(&[spec.to_string()])
+                .unwrap_err()
+                .to_string()
+        };
         // Became 8 GPUs without MIG named "h10".
         let e = refused("h10x8");
         assert!(
@@ -299,6 +335,8 @@ mod tests {
         // The limit holds for a node built from several specs.
         let e = ObservedNode::from_gpu_specs(&["h100x8".into(), "a100x8".into(), "h200".into()])
             .unwrap_err();
+        assert!(matches!(e, GpuSpecError::NodeTooLarge { total: 17, .. }));
+        let e = e.to_string();
         assert!(
             e.contains("at most 16 GPUs (MAX_SIMULATED_GPUS); this one would have 17"),
             "{e}"

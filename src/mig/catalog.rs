@@ -347,10 +347,29 @@ struct VariantEntry {
     placements_verified: bool,
 }
 
+/// A catalog file that is not one, or breaks an invariant the solver relies on.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error(transparent)]
+    Yaml(#[from] serde_yaml::Error),
+    #[error("{model}: source {source_text:?} is neither an https:// URL nor owner/repo@tag:path")]
+    Source { model: String, source_text: String },
+    #[error("{0}: more than 16 memory slots")]
+    MemorySlots(String),
+    #[error("{model} {profile}: bad placement {placement}")]
+    Placement {
+        model: String,
+        profile: String,
+        placement: Placement,
+    },
+    #[error("{model} {profile}: unknown ci_profile_set")]
+    CiProfileSet { model: String, profile: String },
+}
+
 impl Catalog {
     /// Parse a catalog file and check that it is internally consistent.
-    pub fn parse(text: &str) -> Result<Catalog, String> {
-        let file: CatalogFile = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+    pub fn parse(text: &str) -> Result<Catalog, CatalogError> {
+        let file: CatalogFile = serde_yaml::from_str(text)?;
         let mut models = Vec::new();
         for entry in file.models {
             for (key, v) in &entry.variants {
@@ -382,26 +401,33 @@ impl Catalog {
 
     /// Invariants the solver relies on: placements inside the grid, one size per profile,
     /// known CI profile sets.
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), CatalogError> {
         for m in &self.models {
             if let Some(bad) = m.sources.iter().find(|s| !is_public_reference(s)) {
-                return Err(format!(
-                    "{}: source {bad:?} is neither an https:// URL nor owner/repo@tag:path",
-                    m.key
-                ));
+                return Err(CatalogError::Source {
+                    model: m.key.clone(),
+                    source_text: bad.clone(),
+                });
             }
             if m.memory_slots > 16 {
-                return Err(format!("{}: more than 16 memory slots", m.key));
+                return Err(CatalogError::MemorySlots(m.key.clone()));
             }
             for p in &m.gpu_instance_profiles {
                 let size = p.slots();
                 for pl in &p.placements {
                     if pl.size != size || pl.size == 0 || pl.start + pl.size > m.memory_slots {
-                        return Err(format!("{} {}: bad placement {pl}", m.key, p.name));
+                        return Err(CatalogError::Placement {
+                            model: m.key.clone(),
+                            profile: p.name.clone(),
+                            placement: *pl,
+                        });
                     }
                 }
                 if !self.ci_profile_sets.contains_key(&p.ci_profile_set) {
-                    return Err(format!("{} {}: unknown ci_profile_set", m.key, p.name));
+                    return Err(CatalogError::CiProfileSet {
+                        model: m.key.clone(),
+                        profile: p.name.clone(),
+                    });
                 }
             }
         }
@@ -562,7 +588,11 @@ mod tests {
             1,
         );
         let err = Catalog::parse(&text).unwrap_err();
-        assert!(err.contains("find_string id 37196432096"), "{err}");
+        assert!(matches!(err, CatalogError::Source { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("find_string id 37196432096"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -336,9 +336,20 @@ mod selector_serde {
     /// is expanded (found by fuzzing: it allocated 16 GiB).
     const MAX_INDICES: usize = 1024;
 
+    /// A `devices` entry that is not an index or a range of them.
+    #[derive(Debug, thiserror::Error)]
+    enum RangeError {
+        #[error("devices: {0:?} is not a GPU index or a range such as \"4-7\"")]
+        NotARange(String),
+        #[error("devices: range {0:?} runs backwards")]
+        Backwards(String),
+        #[error("devices: range {0:?} spans more than {MAX_INDICES} GPUs")]
+        TooWide(String),
+    }
+
     /// `"4-7"` → 4, 5, 6, 7; `"3"` → 3.
-    fn parse_range(text: &str) -> Result<Vec<u32>, String> {
-        let bad = || format!("devices: {text:?} is not a GPU index or a range such as \"4-7\"");
+    fn parse_range(text: &str) -> Result<Vec<u32>, RangeError> {
+        let bad = || RangeError::NotARange(text.to_string());
         let (lo, hi) = match text.split_once('-') {
             Some((a, b)) => (a.trim(), b.trim()),
             None => (text.trim(), text.trim()),
@@ -346,12 +357,10 @@ mod selector_serde {
         let lo: u32 = lo.parse().map_err(|_| bad())?;
         let hi: u32 = hi.parse().map_err(|_| bad())?;
         if lo > hi {
-            return Err(format!("devices: range {text:?} runs backwards"));
+            return Err(RangeError::Backwards(text.to_string()));
         }
         if (hi - lo) as usize >= MAX_INDICES {
-            return Err(format!(
-                "devices: range {text:?} spans more than {MAX_INDICES} GPUs"
-            ));
+            return Err(RangeError::TooWide(text.to_string()));
         }
         Ok((lo..=hi).collect())
     }

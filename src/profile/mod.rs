@@ -69,10 +69,26 @@ impl Profile {
     }
 }
 
+/// Why a rule has no single mode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModeError {
+    #[error("the rule gives no mode: set one of exclusive, timeSlicing, mps, mig or dynamicMig")]
+    None,
+    #[error(
+        "the rule sets {}; a rule gives exactly one mode (timeSlicing or mps may only accompany \
+         mig, to share its MIG devices, and not both)",
+        .0.join(" and ")
+    )]
+    Several(Vec<&'static str>),
+    /// `exclusive: false` or `dynamicMig: false`: a switch set to off says nothing.
+    #[error("`{0}: false` means nothing: write `{0}: true` or give another mode")]
+    SetToFalse(&'static str),
+}
+
 impl Rule {
     /// The rule's single mode, or why it has none or too many. `timeSlicing` or `mps` may
     /// accompany `mig`: it then shares each MIG device.
-    pub fn mode(&self) -> Result<Mode<'_>, String> {
+    pub fn mode(&self) -> Result<Mode<'_>, ModeError> {
         let mut set = Vec::new();
         if self.exclusive.is_some() {
             set.push("exclusive");
@@ -96,30 +112,15 @@ impl Rule {
             set.push("dynamicMig");
         }
         match set.as_slice() {
-            [] => {
-                return Err(
-                    "the rule gives no mode: set one of exclusive, timeSlicing, mps, mig or dynamicMig".into(),
-                )
-            }
+            [] => return Err(ModeError::None),
             [_] => {}
-            many => {
-                return Err(format!(
-                    "the rule sets {}; a rule gives exactly one mode (timeSlicing or mps may only accompany mig, to share its MIG devices, and not both)",
-                    many.join(" and ")
-                ))
-            }
+            many => return Err(ModeError::Several(many.to_vec())),
         }
         if self.exclusive == Some(false) {
-            return Err(
-                "`exclusive: false` means nothing: write `exclusive: true` or give another mode"
-                    .into(),
-            );
+            return Err(ModeError::SetToFalse("exclusive"));
         }
         if self.dynamic_mig == Some(false) {
-            return Err(
-                "`dynamicMig: false` means nothing: write `dynamicMig: true` or give another mode"
-                    .into(),
-            );
+            return Err(ModeError::SetToFalse("dynamicMig"));
         }
         Ok(if self.dynamic_mig.is_some() {
             Mode::DynamicMig

@@ -55,6 +55,11 @@ pub fn registration_socket_name() -> String {
     format!("{DRIVER}-reg.sock")
 }
 
+/// The kubelet's word that it did not register the plugin, as it said it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the kubelet did not register the DRA plugin: {0}")]
+pub struct NotRegistered(pub String);
+
 /// Where the plugin lives on the node.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -195,12 +200,12 @@ impl KubeletPlugin {
     }
 
     /// Whether the kubelet said it registered the plugin (`None`: it has not said yet).
-    pub fn registered(&self) -> Option<Result<(), String>> {
+    pub fn registered(&self) -> Option<Result<(), NotRegistered>> {
         self.registration_service.last_status().map(|s| {
             if s.plugin_registered {
                 Ok(())
             } else {
-                Err(s.error)
+                Err(NotRegistered(s.error))
             }
         })
     }
