@@ -37,17 +37,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// Test-only cfgs, read by `#[cfg_attr(…, ignore = "why")]` in tests/: `no_kubectl` where
 /// `kubectl kustomize` does not run (the manifests are then checked with the tests' own
 /// renderer only), `no_mount_namespace` where `unshare --mount` is refused (not root: the real
-/// tmpfs mounts of `mps mount-shm` are not exercised). Probed again when PATH changes.
+/// tmpfs mounts of `mps mount-shm` are not exercised), `root_without_mount_namespace` where the
+/// tests run as root and cannot mount (root writes through a directory's read-only mode, so a
+/// read-only state dir needs a read-only mount). Probed again when PATH changes.
 fn probe_test_tools() {
     println!("cargo::rustc-check-cfg=cfg(no_kubectl)");
     println!("cargo::rustc-check-cfg=cfg(no_mount_namespace)");
+    println!("cargo::rustc-check-cfg=cfg(root_without_mount_namespace)");
     println!("cargo::rerun-if-env-changed=PATH");
     if !runs("kubectl", &["kustomize", "--help"]) {
         println!("cargo::rustc-cfg=no_kubectl");
     }
-    if !runs("unshare", &["--mount", "true"]) {
+    let mount_namespace = runs("unshare", &["--mount", "true"]);
+    if !mount_namespace {
         println!("cargo::rustc-cfg=no_mount_namespace");
     }
+    if is_root() && !mount_namespace {
+        println!("cargo::rustc-cfg=root_without_mount_namespace");
+    }
+}
+
+fn is_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
 }
 
 fn runs(program: &str, args: &[&str]) -> bool {

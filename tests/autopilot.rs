@@ -136,6 +136,24 @@ fn action(api: &KubeDouble, node: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+fn reason(api: &KubeDouble, node: &str) -> Option<String> {
+    status(api)?["nodes"]
+        .as_sequence()?
+        .iter()
+        .find(|n| n["node"].as_str() == Some(node))?["reason"]
+        .as_str()
+        .map(str::to_string)
+}
+
+/// The `pending_pods` of the autopilot's last `round done` log line: a round logs it after it
+/// acted and published, so a count that includes a new pod marks a round that saw the pod.
+fn last_round_pending(pilot: &Autopilot) -> Option<usize> {
+    let log = pilot.log();
+    let line = log.lines().rev().find(|l| l.contains("round done"))?;
+    let value = line.split("pending_pods=").nth(1)?;
+    value.split_whitespace().next()?.parse().ok()
+}
+
 fn wait_action(api: &KubeDouble, pilot: &Autopilot, node: &str, want: &str) {
     assert!(
         api.wait_until(WAIT, |a| action(a, node).as_deref() == Some(want)),
@@ -259,9 +277,14 @@ fn dry_run_writes_only_the_status_and_events() {
         st["skipped"][0],
         "pod ml/odd: gpu-share.dev/isolation: \"vgpu\" is not mig, mps or shared"
     );
-    // A few more rounds (a pod change) and still nothing written.
+    // Another round (a pod change) and still nothing written: first a round that saw the pod.
+    let before = last_round_pending(&pilot).expect("a round was logged");
     pending_pod(&api, "infer-late", "nvidia.com/mig-1g.10gb");
-    std::thread::sleep(Duration::from_millis(800));
+    assert!(
+        api.wait_until(WAIT, |_| last_round_pending(&pilot) > Some(before)),
+        "no round saw the new pod\n{}",
+        pilot.log()
+    );
     assert_eq!(writes_to_nodes_or_profiles(&api), Vec::<String>::new());
     let keys = api
         .configmap(NS, PROFILES)
@@ -298,7 +321,15 @@ fn a_real_run_relabels_one_node_at_a_time_within_the_budget() {
     // The agent works through its states; every change is a round, and the second node waits.
     for state in ["pending", "draining", "applying"] {
         set_state(&api, first, state);
-        std::thread::sleep(Duration::from_millis(500));
+        // A round that saw the state says so in the first node's reason.
+        let seen = format!("(state {state})");
+        assert!(
+            api.wait_until(WAIT, |a| reason(a, first)
+                .is_some_and(|r| r.contains(&seen))),
+            "no round saw {state}: {:?}\n{}",
+            reason(&api, first),
+            pilot.log()
+        );
         assert_eq!(label(&api, second, PROFILE_LABEL), None, "during {state}");
     }
     assert_eq!(action(&api, second).as_deref(), Some("waiting-budget"));

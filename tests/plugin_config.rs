@@ -130,7 +130,8 @@ impl FakePlugin {
         let hups = dir.path().join("hups");
         let ready = dir.path().join("ready");
         let script = format!(
-            "trap 'echo hup >> {h}' HUP; touch {r}; while :; do sleep 0.02; done",
+            "trap 'echo hup >> {h}' HUP; trap 'echo mark >> {h}' USR1; touch {r}; \
+             while :; do sleep 0.02; done",
             h = hups.display(),
             r = ready.display()
         );
@@ -154,9 +155,26 @@ impl FakePlugin {
     }
 
     fn hups(&self) -> usize {
+        self.lines("hup")
+    }
+
+    fn lines(&self, what: &str) -> usize {
         std::fs::read_to_string(&self.hups)
-            .map(|s| s.lines().count())
+            .map(|s| s.lines().filter(|l| *l == what).count())
             .unwrap_or(0)
+    }
+
+    /// Wait until the plugin has handled every signal sent to it so far: send it SIGUSR1 and
+    /// wait for its mark. bash runs pending traps in signal-number order (SIGHUP 1 before
+    /// SIGUSR1 10), so a SIGHUP sent before the mark is written down by the time the mark is.
+    fn settle(&self) {
+        let marks = self.lines("mark");
+        let sent = Command::new("kill")
+            .args(["-USR1", &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -USR1 {}", self.pid());
+        wait_for(|| self.lines("mark") > marks, "the fake plugin's mark");
     }
 }
 
@@ -273,7 +291,7 @@ fn apply_writes_the_config_and_reloads_once_and_an_unchanged_profile_sends_nothi
     let modified = std::fs::metadata(&config).unwrap().modified().unwrap();
     let out = run("profiles/a100-80gb-single.yaml");
     assert!(!out.contains("device-plugin config written"), "{out}");
-    std::thread::sleep(Duration::from_millis(200));
+    plugin.settle();
     assert_eq!(plugin.hups(), 1, "an unchanged profile sends no signal");
     assert_eq!(
         std::fs::metadata(&config).unwrap().modified().unwrap(),
@@ -393,6 +411,6 @@ fn a_reload_that_failed_is_retried_by_the_next_apply_until_the_plugin_takes_it()
     wait_for(|| plugin.hups() == 1, "the owed reload");
     assert!(!owed.exists());
     assert!(apply().status.success());
-    std::thread::sleep(Duration::from_millis(200));
+    plugin.settle();
     assert_eq!(plugin.hups(), 1, "nothing owed, nothing sent");
 }

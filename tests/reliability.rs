@@ -532,36 +532,85 @@ fn alive(pid: i32) -> bool {
 fn apply_with_an_unwritable_state_dir_fails_before_the_first_mutation() {
     let node = CliNode::new(h100s(2, false));
     let initial = node.fake_state();
-    // A path under a regular file: ENOTDIR even for root (a read-only directory is not, as
-    // root ignores permissions; it is tried below when the test runs unprivileged).
+    // A path under a regular file: ENOTDIR even for root.
     let file = node.dir.path().join("not-a-dir");
     std::fs::write(&file, "").unwrap();
-    let mut dirs = vec![file.join("state")];
-    // A file we create is owned by our effective uid.
-    let root = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&file).unwrap()) == 0;
-    if !root {
-        use std::os::unix::fs::PermissionsExt;
-        let ro = node.dir.path().join("read-only");
-        std::fs::create_dir(&ro).unwrap();
-        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
-        dirs.push(ro);
+    let dir = file.join("state");
+    let out = node.gpu_share(
+        &["apply", "--profile", &profile_path("h100-inference")],
+        &[("GPU_SHARE_STATE_DIR", dir.display().to_string())],
+    );
+    assert_refused_untouched(&node, &initial, &dir, &out);
+}
+
+/// A read-only state dir. Root writes through a directory's mode, so as root the dir is
+/// mounted read-only in a mount namespace of the command's own (`unshare --mount`); as
+/// anyone else it is mode 0555. Root without mount namespaces cannot make one: ignored then.
+#[test]
+#[cfg_attr(
+    root_without_mount_namespace,
+    ignore = "running as root without mount namespaces: no read-only state dir can be made"
+)]
+fn apply_with_a_read_only_state_dir_fails_before_the_first_mutation() {
+    use std::os::unix::fs::PermissionsExt;
+    let node = CliNode::new(h100s(2, false));
+    let initial = node.fake_state();
+    let dir = node.dir.path().join("read-only");
+    std::fs::create_dir(&dir).unwrap();
+    let env = [("GPU_SHARE_STATE_DIR", dir.display().to_string())];
+    let cmd = node.command(
+        &["apply", "--profile", &profile_path("h100-inference")],
+        &env,
+    );
+    // A directory we create is owned by our effective uid.
+    let root = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&dir).unwrap()) == 0;
+    let out = if root {
+        read_only_mount(&dir, &cmd).output().unwrap()
     } else {
-        eprintln!("running as root: the read-only directory case is skipped");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o555)).unwrap();
+        let mut cmd = cmd;
+        cmd.output().unwrap()
+    };
+    assert_refused_untouched(&node, &initial, &dir, &out);
+}
+
+/// `cmd` run with `dir` bind-mounted read-only over itself, in a mount namespace of its own.
+fn read_only_mount(dir: &Path, cmd: &std::process::Command) -> std::process::Command {
+    let mut wrapped = std::process::Command::new("unshare");
+    wrapped
+        .args(["--mount", "sh", "-c"])
+        .arg(r#"mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@""#)
+        .arg("sh")
+        .arg(dir)
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(value) => wrapped.env(key, value),
+            None => wrapped.env_remove(key),
+        };
     }
-    for dir in dirs {
-        let out = node.gpu_share(
-            &["apply", "--profile", &profile_path("h100-inference")],
-            &[("GPU_SHARE_STATE_DIR", dir.display().to_string())],
-        );
-        assert!(!out.status.success(), "{}", text(&out));
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            stderr.contains(&format!("cannot write the journal in {}", dir.display())),
-            "the error names the dir: {stderr}"
-        );
-        assert!(node.mutations().is_empty(), "a GPU was touched: {stderr}");
-        assert_eq!(node.fake_state(), initial, "the GPUs changed");
+    if let Some(cwd) = cmd.get_current_dir() {
+        wrapped.current_dir(cwd);
     }
+    wrapped
+}
+
+/// `out` failed naming the journal in `dir`, and nothing on the GPUs changed.
+fn assert_refused_untouched(
+    node: &CliNode,
+    initial: &nvidia_ml::State,
+    dir: &Path,
+    out: &std::process::Output,
+) {
+    assert!(!out.status.success(), "{}", text(out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("cannot write the journal in {}", dir.display())),
+        "the error names the dir: {stderr}"
+    );
+    assert!(node.mutations().is_empty(), "a GPU was touched: {stderr}");
+    assert_eq!(&node.fake_state(), initial, "the GPUs changed");
 }
 
 #[test]

@@ -46,6 +46,11 @@ impl CliNode {
 
     /// `gpu-share <args>` in the repository, on this node, with `env` set last.
     pub fn gpu_share(&self, args: &[&str], env: &[(&str, String)]) -> Output {
+        self.command(args, env).output().expect("run gpu-share")
+    }
+
+    /// The `gpu-share` command [`Self::gpu_share`] runs, for a caller that runs it otherwise.
+    pub fn command(&self, args: &[&str], env: &[(&str, String)]) -> Command {
         let mut cmd = Command::new(gpu_share_bin());
         cmd.args(args)
             .current_dir(repo())
@@ -61,7 +66,7 @@ impl CliNode {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        cmd.output().expect("run gpu-share")
+        cmd
     }
 
     /// `apply --profile profiles/<name>.yaml`.
