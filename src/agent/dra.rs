@@ -7,11 +7,10 @@ use tracing::{info, warn};
 
 use crate::dra::dynamic::ClaimedInstances;
 
-use super::outcome::{failed, invalid, Outcome};
+use super::outcome::{failed, Outcome};
 use super::reconcile::Reconciler;
 use crate::dra::{self, publish};
-use crate::plan::{plan_for, NodePlan, ObservedNode};
-use crate::profile::Profile;
+use crate::plan::{NodePlan, ObservedNode};
 
 /// The failure of a refused or failed publish. A 422 is the API server refusing the slices as
 /// invalid (on a real 1.36 server every MIG profile was, until counter sets moved to slices of
@@ -198,14 +197,13 @@ impl Reconciler {
     pub(super) async fn withdraw_going_away(
         &self,
         key: &str,
-        profile: &Profile,
+        next: &NodePlan,
         observed: &ObservedNode,
     ) -> Result<(), Outcome> {
         let Some(publisher) = &self.dra else {
             return Ok(());
         };
-        let next = plan_for(key, profile, observed, self.apply.plugin).map_err(|p| invalid(&p))?;
-        self.adopt_claims_instances(&next);
+        self.adopt_claims_instances(next);
         let slices = dra::resource_slices_with(
             &self.node_name,
             0,

@@ -17,6 +17,7 @@ pub mod events;
 pub mod found_gpus;
 mod heap;
 pub mod http;
+mod inventory;
 pub mod lease;
 pub mod metrics;
 pub mod node;

@@ -13,6 +13,15 @@
 //! left behind; a Node write (state, uncordon) that fails fails the reconcile with `ApiError`
 //! instead of publishing `success` (which would claim a schedulable node), so the retry puts it
 //! right. The state dir is checked before the drain slot and the cordon.
+//!
+//! One plan per reconcile, read top-down in [`Reconciler::make_match`]: the label's text is
+//! parsed and validated once ([`ValidProfile`]); `plan_inventory` plans it on the GPUs (the
+//! last inventory, or fresh reads); that plan decides the path, names the holders to drain
+//! (`reallocated`) and the devices to withdraw (`withdraw_going_away`), and is the one the
+//! apply carries out when it needs no MIG step ([`crate::apply::apply_decided`]). The profile
+//! is planned again, never validated again, only where the hardware may have moved: after a
+//! drain (on fresh reads), after MIG steps (`verify`), and to confirm a plan made from memory
+//! (`still_no_mig_step`).
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
@@ -31,12 +40,12 @@ use super::metrics::Metrics;
 use super::node::{self, State};
 use super::outcome::{failed, invalid, Outcome, Reason};
 use super::pods::{disturbed_devices, disturbed_processes};
-use crate::apply::{apply_with_inventory, check_state_dir, ApplyError, ApplyOptions};
+use crate::apply::{apply_decided, check_state_dir, ApplyError, ApplyOptions, Decided};
 use crate::builtin_plugin::{Inventory, PluginManager};
 use crate::gpu::{Gpus, SharedGpus};
 use crate::kubelet::pod_resources::holders_of;
-use crate::plan::{plan_for, steps, NodePlan, ObservedNode, Step};
-use crate::profile::{parse_profile, PluginOptions, Profile};
+use crate::plan::{steps, NodePlan, ObservedNode, Step, ValidProfile};
+use crate::profile::{parse_profile, PluginOptions};
 
 /// How long the kubelet's PodResources `List` may take before the drain goes on without it.
 pub(super) const KUBELET_TIMEOUT: Duration = Duration::from_secs(10);
@@ -58,16 +67,6 @@ pub enum Desired {
 }
 
 pub use crate::published::content_hash;
-
-/// Why the GPUs could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum ObserveError {
-    #[error(transparent)]
-    Nvml(#[from] crate::gpu::GpuError),
-    /// The blocking read panicked or was cancelled.
-    #[error("the NVML read did not finish: {0}")]
-    Task(#[from] tokio::task::JoinError),
-}
 
 /// Everything a reconcile needs.
 pub struct Reconciler {
@@ -215,11 +214,16 @@ impl Reconciler {
             Ok(p) => p,
             Err(problem) => return invalid(&[problem]),
         };
-        let (observed, node_plan, todo, from_memory) =
-            match self.plan_inventory(key, &profile, seen).await {
-                Ok(planned) => planned,
-                Err(outcome) => return outcome,
-            };
+        // Validated once: every plan below (on the last inventory or fresh reads) starts here.
+        let valid = match ValidProfile::check(key, &profile, self.apply.plugin) {
+            Ok(valid) => valid,
+            Err(problems) => return invalid(&problems),
+        };
+        let (observed, node_plan, todo, from_memory) = match self.plan_inventory(&valid, seen).await
+        {
+            Ok(planned) => planned,
+            Err(outcome) => return outcome,
+        };
         let reallocated = self
             .reallocated(&node_plan, &observed, &profile.plugin)
             .await;
@@ -242,18 +246,22 @@ impl Reconciler {
                 self.forget_inventory();
             }
             let change = Change {
-                key,
-                profile: &profile,
+                valid: &valid,
                 hash: &hash,
                 observed: &observed,
+                node_plan: &node_plan,
                 todo: &todo,
                 reallocated: &reallocated,
             };
             self.reconfigure(&change).await
         } else {
-            let known = from_memory.then_some(observed);
+            // The decision's plan is the one applied: no MIG step, so nothing it rests on moves.
+            let decided = Decided {
+                observed,
+                plan: node_plan.clone(),
+            };
             let applied = self
-                .apply_without_mig(key, &profile, known, published)
+                .apply_without_mig(&valid, decided, published)
                 .instrument(info_span!("step", step = "apply"))
                 .await;
             // Without a MIG change nothing is in progress: a cordon of ours still there (its
@@ -263,7 +271,7 @@ impl Reconciler {
         };
         match outcome {
             Ok(()) => {
-                if from_memory && !self.still_no_mig_step(key, &profile).await {
+                if from_memory && !self.still_no_mig_step(&valid).await {
                     // Something changed the GPUs behind the agent's back since they were last
                     // read: plan again from fresh reads (this time with the MIG path).
                     warn!("the GPUs changed since they were last read; planning again");
@@ -312,12 +320,11 @@ impl Reconciler {
     /// running) are always planned from fresh reads, as are resyncs and retries.
     async fn plan_inventory(
         &self,
-        key: &str,
-        profile: &Profile,
+        valid: &ValidProfile,
         seen: Option<&Node>,
     ) -> Result<(ObservedNode, NodePlan, Vec<Step>, bool), Outcome> {
         if let Some(observed) = seen.and(self.remembered_inventory()) {
-            if let Ok(node_plan) = plan_for(key, profile, &observed, self.apply.plugin) {
+            if let Ok(node_plan) = valid.plan(&observed) {
                 let todo = steps(&node_plan, &observed);
                 if todo.is_empty() {
                     return Ok((observed, node_plan, todo, true));
@@ -328,19 +335,19 @@ impl Reconciler {
             .observe()
             .await
             .map_err(|e| failed(Reason::GpuError, e.to_string()))?;
-        let node_plan =
-            plan_for(key, profile, &observed, self.apply.plugin).map_err(|p| invalid(&p))?;
+        let node_plan = valid.plan(&observed).map_err(|p| invalid(&p))?;
         let todo = steps(&node_plan, &observed);
         Ok((observed, node_plan, todo, false))
     }
 
-    /// Whether fresh NVML reads still show no MIG step due for `profile`; a failed read or an
-    /// invalid plan counts as a change (the pass that follows reports it).
-    async fn still_no_mig_step(&self, key: &str, profile: &Profile) -> bool {
+    /// Whether fresh NVML reads still show no MIG step due for the profile; a failed read or a
+    /// plan the GPUs refuse counts as a change (the pass that follows reports it).
+    async fn still_no_mig_step(&self, valid: &ValidProfile) -> bool {
         let Ok(observed) = self.observe().await else {
             return false;
         };
-        plan_for(key, profile, &observed, self.apply.plugin)
+        valid
+            .plan(&observed)
             .is_ok_and(|node_plan| steps(&node_plan, &observed).is_empty())
     }
 
@@ -351,12 +358,12 @@ impl Reconciler {
     /// and a failed write fails the reconcile as before.
     async fn apply_without_mig(
         &self,
-        key: &str,
-        profile: &Profile,
-        known: Option<ObservedNode>,
+        valid: &ValidProfile,
+        decided: Decided,
         published: bool,
     ) -> Result<(), Outcome> {
-        let apply = self.run_apply(key, profile, known);
+        let key = valid.name();
+        let apply = self.run_apply(valid, Some(decided));
         tokio::pin!(apply);
         tokio::select! {
             applied = &mut apply => return applied,
@@ -372,7 +379,7 @@ impl Reconciler {
     /// A MIG change, or devices advertised otherwise: drain what it disturbs under a fleet
     /// slot, apply, uncordon.
     async fn reconfigure(&self, change: &Change<'_>) -> Result<(), Outcome> {
-        let key = change.key;
+        let key = change.valid.name();
         // The journal is written only once the drain is done: an unwritable state dir found
         // then would have evicted pods for a change that cannot start.
         let opts = self.apply.clone();
@@ -409,14 +416,15 @@ impl Reconciler {
 
     async fn drain_and_apply(&self, change: &Change<'_>, slot: &DrainSlot) -> Result<(), Outcome> {
         let Change {
-            key,
-            profile,
+            valid,
             hash,
             observed,
+            node_plan,
             todo,
             reallocated,
         } = *change;
-        self.withdraw_going_away(key, profile, observed).await?;
+        let key = valid.name();
+        self.withdraw_going_away(key, node_plan, observed).await?;
         let what = if todo.is_empty() {
             "re-allocating the devices it advertises otherwise"
         } else {
@@ -499,7 +507,8 @@ impl Reconciler {
         }
         self.publish(State::Applying, &format!("applying profile {key}"), None)
             .await;
-        self.run_apply(key, profile, None).await
+        // The drain let processes go and took time: the apply plans on fresh reads.
+        self.run_apply(valid, None).await
     }
 
     /// The autopilot's prediction of the evictions for the profile text hashed `hash`, from a
@@ -543,20 +552,18 @@ impl Reconciler {
     }
 
     /// `gpu-share apply` on this node (blocking NVML work off the async threads), then restart
-    /// the plugin pods when that is how the plugin reloads.
-    /// `known`: the GPUs as last read, for a plan without MIG steps
-    /// ([`apply_with_inventory`]).
+    /// the plugin pods when that is how the plugin reloads. `decided`: the reconcile's plan,
+    /// carried out as it is when it needs no MIG step ([`apply_decided`]).
     async fn run_apply(
         &self,
-        key: &str,
-        profile: &Profile,
-        known: Option<ObservedNode>,
+        valid: &ValidProfile,
+        decided: Option<Decided>,
     ) -> Result<(), Outcome> {
-        let plugin_options = profile.plugin.clone();
+        let plugin_options = valid.profile().plugin.clone();
         let (gpus, opts) = (self.gpus.clone(), self.apply.clone());
-        let (key_owned, profile) = (key.to_string(), profile.clone());
+        let valid = valid.clone();
         let report = tokio::task::spawn_blocking(move || {
-            gpus.with(|gpus| apply_with_inventory(gpus, &key_owned, &profile, &opts, known))
+            gpus.with(|gpus| apply_decided(gpus, &valid, &opts, decided))
         })
         .await
         .map_err(|e| failed(Reason::ApplyFailed, e))?
@@ -666,22 +673,6 @@ impl Reconciler {
         }
     }
 
-    /// Read the GPUs from NVML, and remember what was read.
-    pub(super) async fn observe(&self) -> Result<ObservedNode, ObserveError> {
-        let gpus = self.gpus.clone();
-        let observed = tokio::task::spawn_blocking(move || gpus.with(Gpus::observe)).await??;
-        *self.inventory.lock().expect("not poisoned") = Some(observed.clone());
-        Ok(observed)
-    }
-
-    pub(super) fn remembered_inventory(&self) -> Option<ObservedNode> {
-        self.inventory.lock().expect("not poisoned").clone()
-    }
-
-    fn forget_inventory(&self) {
-        *self.inventory.lock().expect("not poisoned") = None;
-    }
-
     async fn publish(&self, state: State, reason: &str, hash: Option<&str>) {
         self.metrics.set_state(state.as_str());
         if let Err(e) = node::set_state(&self.nodes(), &self.node_name, state, reason, hash).await {
@@ -770,10 +761,11 @@ impl Reconciler {
 /// steps and the held devices the new advertisement re-allocates.
 #[derive(Clone, Copy)]
 struct Change<'a> {
-    key: &'a str,
-    profile: &'a Profile,
+    valid: &'a ValidProfile,
     hash: &'a str,
+    /// The GPUs before the change, and the plan of the profile on them.
     observed: &'a ObservedNode,
+    node_plan: &'a NodePlan,
     todo: &'a [Step],
     reallocated: &'a [(Held, String)],
 }

@@ -25,7 +25,7 @@ use crate::gpu::{GpuError, Gpus, MigModeOutcome};
 use crate::mig::catalog;
 use crate::mps::daemon::{self, MpsError, MpsReport, MpsSettings};
 use crate::nvidia_plugin::{reload, write_if_changed, ReloadError, SignalTarget};
-use crate::plan::{plan_for, steps, NodePlan, ObservedNode, Step};
+use crate::plan::{steps, NodePlan, ObservedNode, Step, ValidProfile};
 use crate::profile::{Problem, Profile};
 use crate::sharing::PluginKind;
 
@@ -189,21 +189,29 @@ pub fn apply(
     profile: &Profile,
     opts: &ApplyOptions,
 ) -> Result<ApplyReport, ApplyError> {
-    apply_with_inventory(gpus, name, profile, opts, None)
+    let valid = ValidProfile::check(name, profile, opts.plugin).map_err(ApplyError::Invalid)?;
+    apply_decided(gpus, &valid, opts, None)
 }
 
-/// [`apply`], planned against `known`, an inventory the caller observed earlier (the agent's
-/// last one), which saves the NVML reads when the plan needs no MIG step: the sharing settings
-/// and the plugin config follow from the GPUs' identities and MIG layout, which only MIG steps
-/// change. MIG steps are never run from it: when the plan against `known` has any, or an
-/// interrupted apply is to be rolled forward, the GPUs are read again first.
-pub fn apply_with_inventory(
+/// A plan the caller decided on: the GPUs as it read them and the plan of the profile on them.
+pub struct Decided {
+    pub observed: ObservedNode,
+    pub plan: NodePlan,
+}
+
+/// [`apply`] of a profile validated already (`valid`), carrying out the caller's `decided`
+/// plan (the agent's, made from its last inventory or fresh reads) when it needs no MIG step:
+/// the sharing settings and the plugin config follow from the GPUs' identities and MIG
+/// layout, which only MIG steps change, so neither NVML is read nor the profile planned again.
+/// MIG steps are never run from it: when the decided plan has any, or an interrupted apply is
+/// to be rolled forward, the GPUs are read again and planned on.
+pub fn apply_decided(
     gpus: &Gpus,
-    name: &str,
-    profile: &Profile,
+    valid: &ValidProfile,
     opts: &ApplyOptions,
-    known: Option<ObservedNode>,
+    decided: Option<Decided>,
 ) -> Result<ApplyReport, ApplyError> {
+    let (name, profile) = (valid.name(), valid.profile());
     let interrupted = leftover(opts)?.map(|j| Interrupted::found(j, name, profile));
     if let Some(i) = &interrupted {
         let what = match i.outcome {
@@ -221,11 +229,14 @@ pub fn apply_with_inventory(
             "{what}"
         );
     }
-    let known = known.filter(|_| interrupted.is_none());
-    let (observed, node_plan, todo) = match known.map(|k| planned(name, profile, opts, k)) {
-        Some(Ok((observed, node_plan, todo))) if todo.is_empty() => (observed, node_plan, todo),
-        // MIG steps to run, or a profile `known` cannot take: decided on fresh reads only.
-        _ => planned(name, profile, opts, gpus.observe()?)?,
+    let decided = decided.filter(|_| interrupted.is_none()).map(|d| {
+        let todo = steps(&d.plan, &d.observed);
+        (d.observed, d.plan, todo)
+    });
+    let (observed, node_plan, todo) = match decided {
+        Some((observed, node_plan, todo)) if todo.is_empty() => (observed, node_plan, todo),
+        // MIG steps to run: decided on fresh reads only.
+        _ => planned(valid, gpus.observe()?)?,
     };
     let busy = busy_steps(&todo, &observed);
     if !busy.is_empty() && !opts.force {
@@ -272,7 +283,7 @@ pub fn apply_with_inventory(
         journal.done += 1;
         save_journal(&journal, opts)?;
     }
-    let observed = verify(gpus, name, profile, opts.plugin, &report.reset_required)?;
+    let observed = verify(gpus, valid, &report.reset_required)?;
     if report.reset_required.is_empty() {
         remove_journal(opts)?;
     }
@@ -458,26 +469,18 @@ fn busy_steps(todo: &[Step], observed: &ObservedNode) -> Vec<Busy> {
 
 /// `observed`, the plan of `profile` for it, and the MIG steps that plan needs.
 fn planned(
-    name: &str,
-    profile: &Profile,
-    opts: &ApplyOptions,
+    valid: &ValidProfile,
     observed: ObservedNode,
 ) -> Result<(ObservedNode, NodePlan, Vec<Step>), ApplyError> {
-    let node_plan = plan_for(name, profile, &observed, opts.plugin).map_err(ApplyError::Invalid)?;
+    let node_plan = valid.plan(&observed).map_err(ApplyError::Invalid)?;
     let todo = steps(&node_plan, &observed);
     Ok((observed, node_plan, todo))
 }
 
 /// Read the GPUs back: every GPU not waiting for a reset must now need no step.
-fn verify(
-    gpus: &Gpus,
-    name: &str,
-    profile: &Profile,
-    plugin: PluginKind,
-    waiting: &[u32],
-) -> Result<ObservedNode, ApplyError> {
+fn verify(gpus: &Gpus, valid: &ValidProfile, waiting: &[u32]) -> Result<ObservedNode, ApplyError> {
     let observed = gpus.observe()?;
-    let node_plan = plan_for(name, profile, &observed, plugin).map_err(ApplyError::Invalid)?;
+    let node_plan = valid.plan(&observed).map_err(ApplyError::Invalid)?;
     let left: Vec<Step> = steps(&node_plan, &observed)
         .into_iter()
         .filter(|s| !waiting.contains(&s.gpu()))

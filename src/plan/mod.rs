@@ -62,13 +62,81 @@ pub fn plan_for(
     node: &ObservedNode,
     plugin: PluginKind,
 ) -> Result<NodePlan, Vec<Problem>> {
+    let warnings = checked_warnings(name, profile, plugin)?;
+    plan_checked(name, profile, plugin, warnings, node)
+}
+
+/// A profile [`validate_for`] accepted for one plugin kind, with the warnings that hold on any
+/// node. The agent validates a profile once per reconcile and plans from this as often as it
+/// reads the GPUs (before the drain, after the MIG steps, to confirm): a plan on fresh reads
+/// never validates the same text again.
+#[derive(Debug, Clone)]
+pub struct ValidProfile {
+    name: String,
+    profile: Profile,
+    plugin: PluginKind,
+    warnings: Vec<Problem>,
+}
+
+impl ValidProfile {
+    /// `profile` (named `name`) when it is valid for `plugin`, else every problem.
+    pub fn check(name: &str, profile: &Profile, plugin: PluginKind) -> Result<Self, Vec<Problem>> {
+        Ok(ValidProfile {
+            warnings: checked_warnings(name, profile, plugin)?,
+            name: name.to_string(),
+            profile: profile.clone(),
+            plugin,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn profile(&self) -> &Profile {
+        &self.profile
+    }
+
+    pub fn plugin(&self) -> PluginKind {
+        self.plugin
+    }
+
+    /// The plan for `node`: what [`plan_for`] gives, without validating again.
+    pub fn plan(&self, node: &ObservedNode) -> Result<NodePlan, Vec<Problem>> {
+        plan_checked(
+            &self.name,
+            &self.profile,
+            self.plugin,
+            self.warnings.clone(),
+            node,
+        )
+    }
+}
+
+/// The warnings of a valid profile that hold on any node, or every problem of an invalid one.
+fn checked_warnings(
+    name: &str,
+    profile: &Profile,
+    plugin: PluginKind,
+) -> Result<Vec<Problem>, Vec<Problem>> {
     let mut problems = validate_for(name, profile, plugin);
     if problems.iter().any(Problem::is_error) {
         return Err(problems);
     }
     // Validation warns about models a rule may not fit; on a concrete node each GPU is checked
-    // below, so those warnings would only repeat (or be about models this node lacks).
+    // in the plan, so those warnings would only repeat (or be about models this node lacks).
     problems.retain(|p| p.gpu.is_none());
+    Ok(problems)
+}
+
+/// The plan of a profile validated already (`problems`: its warnings).
+fn plan_checked(
+    name: &str,
+    profile: &Profile,
+    plugin: PluginKind,
+    mut problems: Vec<Problem>,
+    node: &ObservedNode,
+) -> Result<NodePlan, Vec<Problem>> {
     let strategy = mig_strategy(profile);
     let mut gpus = Vec::new();
     let mut unselected = Vec::new();
