@@ -779,3 +779,53 @@ fn a_pod_with_emptydir_data_blocks_the_drain_until_allowed() {
     wait_applied(&api, &node, "h100-inference", Duration::from_secs(30));
     assert!(api.pod("default", "scratch").is_none());
 }
+
+/// The loop reconciles when what the node wants changes (its label, the selected key's text),
+/// not on every Node event: each of the agent's own writes to its Node (the state label, the
+/// applied-hash and reason annotations, its found-GPU labels) comes back as a watch event, and
+/// is dropped by comparing the desire. The second label change is the sign that the loop has
+/// handled every event before it: its reconcile runs after them. The figure behind the agent
+/// module doc's choice of this loop over kube-runtime's `Controller` (issue 39 item 7).
+#[test]
+fn the_agents_own_node_writes_wake_the_loop_but_reconcile_nothing() {
+    let api = Arc::new(KubeDouble::start());
+    configmap(&api);
+    let mut node = AgentNode::new(&api, "gpu-own-writes", h100s(1, true));
+    node.start_agent(&[], &[]);
+    node.wait_reconciled("noop", 0.0, Duration::from_secs(20));
+    let reconciles = |node: &AgentNode| {
+        ["success", "noop", "failed"]
+            .iter()
+            .map(|r| node.reconciles(r))
+            .sum::<f64>()
+    };
+    let node_writes = |api: &KubeDouble| {
+        api.requests()
+            .iter()
+            .filter(|r| r.resource.starts_with("nodes"))
+            .filter(|r| matches!(r.verb, Verb::Create | Verb::Update | Verb::Patch))
+            .count()
+    };
+    let (runs_before, writes_before) = (reconciles(&node), node_writes(&api));
+    // A MIG change: pending, the cordon, applying, the uncordon and success are Node writes.
+    api.set_node_label("gpu-own-writes", PROFILE_LABEL, Some("h100-balanced"));
+    wait_applied(&api, &node, "h100-balanced", Duration::from_secs(20));
+    wait_gpus_labelled(&api, &node);
+    let writes = node_writes(&api) - writes_before;
+    api.set_node_label("gpu-own-writes", PROFILE_LABEL, Some("exclusive"));
+    wait_applied(&api, &node, "exclusive", Duration::from_secs(20));
+    // The second change's reconcile is counted as it ends, after its success is published.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while reconciles(&node) - runs_before < 2.0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let runs = reconciles(&node) - runs_before;
+    eprintln!(
+        "a MIG change: {writes} Node writes by the agent; 2 label changes: {runs} reconciles"
+    );
+    assert!(
+        writes >= 4,
+        "the MIG change wrote its states and the cordon: {writes}"
+    );
+    assert_eq!(runs, 2.0, "one reconcile per label change\n{}", node.log());
+}

@@ -1,8 +1,9 @@
 //! Writing the plugin's config file and making the plugin reload it.
 //!
-//! The file is replaced atomically (temp file in the same directory, fsync, rename, fsync of the
-//! directory) and only when its bytes change, so an unchanged profile writes nothing and sends no
-//! signal. The NVIDIA plugin reloads on SIGHUP ("Received SIGHUP, restarting."); we find it
+//! The file is replaced atomically (temp file in the same directory, rename) and only when its
+//! bytes change, so an unchanged profile writes nothing and sends no signal. It is not fsynced:
+//! it is derived from the node label and written again at every start (see
+//! [`crate::atomic_file`] for why a power cut needs no more). The NVIDIA plugin reloads on SIGHUP ("Received SIGHUP, restarting."); we find it
 //! through a pid file, or, in a shared process namespace, by its argv[0] as NVIDIA's own
 //! config-manager does (nvidia-stack.md §1.6). With the host's PID namespace every pod's
 //! processes are visible, another pod's plugin (the GPU Operator's, say) among them, so the
@@ -17,10 +18,11 @@ use nix::unistd::Pid;
 use crate::atomic_file;
 use crate::kubelet::cgroup::pod_uid_of;
 
-/// Write `text` to `path` unless it already holds exactly that, readable by all (a plugin not
-/// running as root reads it); returns whether it wrote. See [`crate::atomic_file`].
+/// Write the plugin config `text` to `path` unless it already holds exactly that, readable by
+/// all (a plugin not running as root reads it); returns whether it wrote. Atomic, not fsynced
+/// (module doc).
 pub fn write_if_changed(path: &Path, text: &str) -> std::io::Result<bool> {
-    atomic_file::replace_if_changed(path, text.as_bytes(), atomic_file::READABLE_BY_ALL)
+    atomic_file::replace_derived_if_changed(path, text.as_bytes(), atomic_file::READABLE_BY_ALL)
 }
 
 /// Create an empty config at `path` (the NVIDIA plugin's defaults: whole GPUs, no sharing)

@@ -127,12 +127,16 @@ impl Checkpoint {
     /// Replace the file atomically.
     pub fn save(&self, path: &Path) -> Result<(), CheckpointError> {
         let text = serde_json::to_string_pretty(self).expect("plain data serializes");
-        crate::nvidia_plugin::write_if_changed(path, &text)
-            .map(|_| ())
-            .map_err(|cause| CheckpointError::Write {
-                path: path.to_path_buf(),
-                cause,
-            })
+        crate::atomic_file::replace_if_changed(
+            path,
+            text.as_bytes(),
+            crate::atomic_file::READABLE_BY_ALL,
+        )
+        .map(|_| ())
+        .map_err(|cause| CheckpointError::Write {
+            path: path.to_path_buf(),
+            cause,
+        })
     }
 
     /// The prepared claim's answer, if it is prepared.

@@ -135,12 +135,16 @@ impl Preparer {
         let written = match &spec {
             Some(spec) => {
                 let text = serde_json::to_string_pretty(spec).expect("plain data serializes");
-                crate::nvidia_plugin::write_if_changed(&path, &text)
-                    .map(|_| ())
-                    .map_err(|source| PrepareError::WriteSpec {
-                        path: path.clone(),
-                        source,
-                    })
+                crate::atomic_file::replace_if_changed(
+                    &path,
+                    text.as_bytes(),
+                    crate::atomic_file::READABLE_BY_ALL,
+                )
+                .map(|_| ())
+                .map_err(|source| PrepareError::WriteSpec {
+                    path: path.clone(),
+                    source,
+                })
             }
             None => remove_file(&path).map_err(PrepareError::from),
         };
