@@ -346,3 +346,40 @@ fn plan_says_per_device_whose_holder_a_change_evicts() {
         "{text}"
     );
 }
+
+/// The agent keeps its connection to the kubelet's PodResources socket between label changes
+/// (a dial and handshake per change were most of the 2 ms it cost; benches/README.md). A
+/// kubelet that restarts closes it: the next `List` must not fail for that (a failed List
+/// drains nobody), but dial again and read the new kubelet's answer.
+#[test]
+fn a_restarted_kubelet_is_asked_again_on_a_new_connection() {
+    use gpu_share::kubelet::pod_resources::list;
+    let api = Arc::new(KubeDouble::start());
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("pod-resources/kubelet.sock");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let pods = |socket: &std::path::Path| -> Vec<String> {
+        let answer = runtime.block_on(list(socket, Duration::from_secs(10)));
+        let answer = answer.unwrap_or_else(|e| panic!("List failed: {e}"));
+        answer.pod_resources.into_iter().map(|p| p.name).collect()
+    };
+    let pod = |name: &str| fixtures::gpu_pod("default", name, "node-k", &[("app", name)], GPU, 1);
+    api.put_pod(pod("before"));
+    let kubelet = PodResourcesKubelet::serve(&api, "node-k", &socket);
+    kubelet.allocate("default", "before", GPU, &["GPU-a"]);
+    assert_eq!(pods(&socket), ["before"]);
+    assert_eq!(
+        pods(&socket),
+        ["before"],
+        "the kept connection answers again"
+    );
+    drop(kubelet);
+    api.put_pod(pod("after"));
+    let kubelet = PodResourcesKubelet::serve(&api, "node-k", &socket);
+    kubelet.allocate("default", "after", GPU, &["GPU-b"]);
+    let answer = pods(&socket);
+    assert!(
+        answer.contains(&"after".to_string()),
+        "the restarted kubelet's answer: {answer:?}"
+    );
+}

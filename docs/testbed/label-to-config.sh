@@ -47,7 +47,7 @@ env NODE_NAME="$NODE" POD_NAMESPACE=gpu-share GPU_SHARE_NVML_LIB="$NVML" \
   FAKE_NVML_STATE="$W/nvml.json" GPU_SHARE_STATE_DIR="$W/state" \
   GPU_SHARE_PLUGIN_CONFIG="$W/plugin/config.yaml" GPU_SHARE_PLUGIN_RELOAD=none \
   GPU_SHARE_MPS_ROOT="$W/mps" GPU_SHARE_HOST_ROOT="$W/host" GPU_SHARE_LISTEN="127.0.0.1:19464" \
-  RUST_LOG=warn "$BIN" agent --resync-period 300s --allocatable-timeout 0s > "$W/agent.log" 2>&1 &
+  RUST_LOG=${AGENT_LOG:-warn} "$BIN" agent --resync-period 300s --allocatable-timeout 0s ${AGENT_FLAGS:-} > "$W/agent.log" 2>&1 &
 PIDS+=($!)
 # The agent writes each profile's config once; config-manager's sources are those bytes.
 for v in 4 8; do
@@ -66,5 +66,5 @@ PIDS+=($!)
 sleep 3
 NODE=$NODE GS_CONFIG="$W/plugin/config.yaml" CM_DST="$W/cm/config.yaml" CM_SRC="$W/cm-src" \
   OUT="${OUT:-/tmp/label-to-config.json}" python3 "$ROOT/docs/testbed/label-to-config.py"
-echo "--- agent log (warnings) ---"; tail -5 "$W/agent.log"
+echo "--- agent log ---"; tail -${AGENT_TAIL:-5} "$W/agent.log"
 echo "--- config-manager log ---"; tail -3 "$W/config-manager.log"

@@ -17,16 +17,8 @@ pub struct AgentArgs {
     /// This node's name (downward API `spec.nodeName`).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
-    /// The agent's namespace: the profiles ConfigMap and the drain Leases live here.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-share")]
-    pub namespace: String,
-    /// The ConfigMap whose keys are profiles.
-    #[arg(
-        long,
-        env = "GPU_SHARE_CONFIGMAP",
-        default_value = crate::profile::PROFILES_CONFIGMAP
-    )]
-    pub configmap: String,
+    #[command(flatten)]
+    pub profiles: crate::profile::ProfilesSource,
     /// The NVML library (default: the system's libnvidia-ml.so.1).
     #[arg(long, env = "GPU_SHARE_NVML_LIB")]
     pub nvml_lib: Option<PathBuf>,

@@ -192,7 +192,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         slots: DrainSlots::new(
             client.clone(),
-            &args.namespace,
+            &args.profiles.namespace,
             &args.node_name,
             args.max_concurrent_drains,
             args.lease_duration,
@@ -210,7 +210,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         gpus: gpus.clone(),
         plugin_pod_selector: (args.plugin_reload == Reload::Restart)
             .then(|| args.plugin_pod_selector.clone()),
-        configmap: format!("{}/{}", args.namespace, args.configmap),
+        configmap: format!("{}/{}", args.profiles.namespace, args.profiles.configmap),
         plugins: (args.plugin == PluginKind::Builtin).then(|| {
             info!(dir = %args.device_plugin_dir.display(), "serving the built-in device plugin");
             PluginManager::start(ManagerSettings {
@@ -264,8 +264,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         args.node_name.clone(),
         node_tx,
     ));
-    let cms: Api<ConfigMap> = Api::namespaced(watch_client, &args.namespace);
-    tokio::spawn(watch_configmap(cms, args.configmap.clone(), cm_tx));
+    let cms: Api<ConfigMap> = Api::namespaced(watch_client, &args.profiles.namespace);
+    tokio::spawn(watch_configmap(cms, args.profiles.configmap.clone(), cm_tx));
 
     let republish = dra_plugin.as_ref().map(KubeletPlugin::republish_requests);
     let loop_ = reconcile_loop(
@@ -537,7 +537,7 @@ async fn reconcile_loop(
         reconciler.metrics.set_state(state);
     }
     set_readiness(health, &doctor, None);
-    let cms: Api<ConfigMap> = Api::namespaced(reconciler.client.clone(), &args.namespace);
+    let cms: Api<ConfigMap> = Api::namespaced(reconciler.client.clone(), &args.profiles.namespace);
     let resync = args.resync_period;
     let mut last: Option<Desired> = None;
     let mut retry = Duration::from_secs(5);
@@ -553,7 +553,7 @@ async fn reconcile_loop(
             // Only a changed desire (or the retry/resync timer) reconciles. A change is acted
             // on at once, with the Node the watch just delivered; the timer reads afresh.
             // `last` keeps the cached desire: the ConfigMap watch catching up reconciles once more.
-            let acted_on = confirm_missing_key(want.clone(), &cms, &args.configmap).await;
+            let acted_on = confirm_missing_key(want.clone(), &cms, &args.profiles.configmap).await;
             let outcome = if changed {
                 info!(want = ?acted_on, "reconciling");
                 let seen = node_rx.borrow().clone().expect("synced");

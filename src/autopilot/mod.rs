@@ -35,16 +35,9 @@ use round::{Round, Settings, OPT_IN_SELECTOR};
 /// The autopilot's flags, each with its environment variable for the Deployment.
 #[derive(clap::Args, Debug, Clone)]
 pub struct AutopilotArgs {
-    /// Where the profiles ConfigMap, the status ConfigMap and the Lease live.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-share")]
-    pub namespace: String,
-    /// The agents' profiles ConfigMap; the autopilot writes only its `advised-<node>` keys.
-    #[arg(
-        long,
-        env = "GPU_SHARE_CONFIGMAP",
-        default_value = crate::profile::PROFILES_CONFIGMAP
-    )]
-    pub configmap: String,
+    /// The agents' profiles; the autopilot writes only its `advised-<node>` keys.
+    #[command(flatten)]
+    pub profiles: crate::profile::ProfilesSource,
     /// What it did or would do, under the key `status.yaml`.
     #[arg(
         long,
@@ -129,7 +122,7 @@ pub async fn run(args: AutopilotArgs) -> anyhow::Result<()> {
     let identity = args.identity.clone().unwrap_or_else(host_name);
     let leader = Leader::new(
         client.clone(),
-        &args.namespace,
+        &args.profiles.namespace,
         &args.lease,
         &identity,
         args.lease_duration,
@@ -159,8 +152,8 @@ pub async fn run(args: AutopilotArgs) -> anyhow::Result<()> {
         ),
         client,
         settings: Settings {
-            namespace: args.namespace.clone(),
-            configmap: args.configmap.clone(),
+            namespace: args.profiles.namespace.clone(),
+            configmap: args.profiles.configmap.clone(),
             status_configmap: args.status_configmap.clone(),
             identity,
             plugin: args.plugin,

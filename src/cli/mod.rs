@@ -325,12 +325,9 @@ struct AdviseArgs {
     /// GPU Feature Discovery labels, and the profiles ConfigMap.
     #[arg(long, alias = "from-cluster", conflicts_with_all = ["demand", "supply"])]
     live: bool,
-    /// With --live: the namespace of the profiles ConfigMap.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-share")]
-    namespace: String,
-    /// With --live: the ConfigMap whose keys are profiles.
-    #[arg(long, default_value = crate::profile::PROFILES_CONFIGMAP)]
-    configmap: String,
+    /// With --live: where the profiles are read.
+    #[command(flatten)]
+    profiles: crate::profile::ProfilesSource,
     /// The device plugin the nodes run: `nvidia` shares all whole GPUs of a node one way.
     #[arg(long, value_enum, default_value_t = PluginKind::Nvidia)]
     plugin: PluginKind,
@@ -675,9 +672,14 @@ fn read_live(args: &AdviseArgs) -> Result<(advise::Demand, advise::Supply)> {
         let client = kube::Client::try_default()
             .await
             .context("cannot find the Kubernetes API (in-cluster config or KUBECONFIG)")?;
-        advise::live::read_cluster(&client, &args.namespace, &args.configmap, None)
-            .await
-            .context("cannot read the cluster")
+        advise::live::read_cluster(
+            &client,
+            &args.profiles.namespace,
+            &args.profiles.configmap,
+            None,
+        )
+        .await
+        .context("cannot read the cluster")
     })?;
     let input = advise::live::from_cluster(&cluster, args.plugin);
     for skipped in &input.skipped {

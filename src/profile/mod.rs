@@ -27,6 +27,19 @@ pub const PROFILE_LABEL: &str = "gpu-share.dev/profile";
 /// default; advise's manifest names it).
 pub const PROFILES_CONFIGMAP: &str = "gpu-share-profiles";
 
+/// Where the profiles live: the flags the agent, the autopilot and `advise --live` share, one
+/// definition so one name means one thing in every subcommand.
+#[derive(clap::Args, Debug, Clone, PartialEq, Eq)]
+pub struct ProfilesSource {
+    /// gpu-share's namespace: the profiles ConfigMap lives here, and so do the agents' drain
+    /// Leases and the autopilot's Lease and status.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-share")]
+    pub namespace: String,
+    /// The ConfigMap whose keys are profiles.
+    #[arg(long, env = "GPU_SHARE_CONFIGMAP", default_value = PROFILES_CONFIGMAP)]
+    pub configmap: String,
+}
+
 /// The sharing mode a rule gives its GPUs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Mode<'a> {
