@@ -306,8 +306,8 @@ fn round(world: &World, dry_run: bool) -> anyhow::Result<Round> {
         ),
         client,
         settings: Settings {
-            namespace: args.namespace,
-            configmap: args.configmap,
+            namespace: args.profiles.namespace,
+            configmap: args.profiles.configmap,
             status_configmap: args.status_configmap,
             identity,
             plugin: args.plugin,
