@@ -30,6 +30,9 @@
 # GPU 0 slot 5 (written into the fake NVML, as `nvidia-smi mig -cgi` would make it): the first
 # 1g.10gb pod is allocated that slot by first fit, its Prepare is refused naming the instance,
 # and the agent republishes at once without the devices it overlaps; a second pod runs beside it.
+# 11. A Deployment's pod on a time-sliced replica (`--plugin builtin`), relabelled from 2 to 4
+# replicas: its device ID stays advertised, but on other terms, so it is drained first
+# (Reallocating names the change) and its successor runs on a replica of the new count.
 # Results of the session that wrote it: its closing note (issues stops).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -117,6 +120,7 @@ $K create namespace gpu-share >/dev/null 2>&1
 $K -n gpu-share create configmap gpu-share-profiles \
   --from-literal=whole="$(printf 'version: v1\nrules:\n- devices: all\n  exclusive: true\n')" \
   --from-literal=ts-2="$(printf 'version: v1\nrules:\n- devices: all\n  timeSlicing: {replicas: 2}\n')" \
+  --from-literal=ts-4="$(printf 'version: v1\nrules:\n- devices: all\n  timeSlicing: {replicas: 4}\n')" \
   --dry-run=client -o yaml | $K apply -f - >/dev/null
 
 if want 1; then
@@ -173,6 +177,22 @@ for _ in $(seq 1 60); do [ "$(gpus)" = 2 ] && break; sleep 0.5; done
 echo "after XID 79 on GPU 1: nvidia.com/gpu $(gpus) ($(echo "$(date +%s.%N) - $t0" | bc) s)"
 $K get events.events.k8s.io -A --field-selector reason=DeviceUnhealthy -o jsonpath='{range .items[*]}{.type} {.reason}: {.note}{"\n"}{end}'
 curl -s "127.0.0.1:19605/metrics" | grep -E "^gpu_share_(unhealthy_devices|critical_xids_total)"
+stop_agent
+fi
+
+if want 11; then
+echo "== 11. a Deployment's pod on a time-sliced replica, relabel ts-2 -> ts-4 (its ID stays)"
+builtin 19611
+$K label node "$NODE" gpu-share.dev/profile=ts-2 --overwrite >/dev/null
+for _ in $(seq 1 60); do [ "$(state)" = success ] && [ "$(gpus)" = 4 ] && break; sleep 1; done
+gpu_workload sliced deployment
+before=$($K get pod -l app=sliced -o jsonpath='{.items[0].metadata.name}')
+$K label node "$NODE" gpu-share.dev/profile=ts-4 --overwrite >/dev/null
+for _ in $(seq 1 90); do [ "$(state)" = success ] && [ "$(gpus)" = 8 ] && break; sleep 1; done
+echo "state $(state); nvidia.com/gpu $(gpus); pod before: $before; now:"
+$K get pods -l app=sliced --no-headers
+$K get events.events.k8s.io -A --field-selector reason=Reallocating -o jsonpath='{range .items[*]}{.note}{"\n"}{end}' | tail -1 | cut -c1-400
+$K delete deploy sliced --wait=false >/dev/null
 stop_agent
 fi
 
