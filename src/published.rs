@@ -85,6 +85,10 @@ pub fn content_hash(text: &str) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Node label: the device plugin the node's agent runs (`nvidia`, `builtin`, `dra`), so the
+/// autopilot plans for the plugin its agents drive, or leaves the node out saying why.
+pub const PLUGIN_LABEL: &str = "gpu-share.dev/plugin";
+
 /// Node annotation: which devices each pod on the node holds (compact JSON,
 /// `agent::devices_in_use`).
 pub const DEVICES_IN_USE_ANNOTATION: &str = "gpu-share.dev/devices-in-use";

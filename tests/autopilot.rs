@@ -620,6 +620,53 @@ fn a_node_without_gfd_is_sized_from_what_its_agent_found() {
     assert_eq!(label(&api, "gpu-1", "nvidia.com/gpu.product"), None);
 }
 
+/// An autopilot whose --plugin differs from the plugin a node's agent runs (the agent labels
+/// its node `gpu-share.dev/plugin`) plans nothing for that node: a profile for the NVIDIA
+/// plugin handed to a builtin agent would advertise what it does not mean. The node is left
+/// out with the reason, in the status it publishes and its log; nothing is written to it.
+#[test]
+fn a_node_whose_agent_runs_another_plugin_is_left_out_naming_both() {
+    let api = Arc::new(KubeDouble::start());
+    api.put_configmap(fixtures::configmap(NS, PROFILES, &[]));
+    let (node, _kubelet) = opted_in_node(&api, "gpu-1", 1, "2", &[]);
+    pending_pod(&api, "infer-0", "nvidia.com/mig-3g.40gb");
+    assert!(
+        api.wait_until(WAIT, |a| label(a, "gpu-1", "gpu-share.dev/plugin")
+            .is_some()),
+        "the agent labels its plugin\n{}",
+        node.log()
+    );
+    assert_eq!(
+        label(&api, "gpu-1", "gpu-share.dev/plugin").as_deref(),
+        Some("builtin")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let pilot = Autopilot::start(dir.path(), &api, "a", &["--plugin", "nvidia"]);
+    let skipped = |a: &KubeDouble| {
+        status(a).and_then(|st| {
+            st["skipped"]
+                .as_sequence()?
+                .iter()
+                .filter_map(|s| s.as_str())
+                .find(|s| s.starts_with("node gpu-1:"))
+                .map(str::to_string)
+        })
+    };
+    assert!(
+        api.wait_until(WAIT, |a| skipped(a).is_some()),
+        "status {:?}\n{}",
+        status(&api),
+        pilot.log()
+    );
+    assert_eq!(
+        skipped(&api).unwrap(),
+        "node gpu-1: its agent runs --plugin builtin (gpu-share.dev/plugin), but this plans for \
+         --plugin nvidia: give the same --plugin to both, or leave the node out"
+    );
+    assert!(pilot.log().contains("--plugin builtin"), "{}", pilot.log());
+    assert_eq!(label(&api, "gpu-1", PROFILE_LABEL), None);
+}
+
 /// SIGTERM (a rolling update of the Deployment) gives the Lease back at once, so the next
 /// replica does not wait for it to lapse.
 #[test]

@@ -29,7 +29,7 @@ use crate::profile::parse_profile;
 use crate::profile::PROFILE_LABEL;
 use crate::published::{
     annotation as node_annotation, content_hash, APPLIED_HASH_ANNOTATION, CORDON_ANNOTATION,
-    DEVICES_IN_USE_ANNOTATION,
+    DEVICES_IN_USE_ANNOTATION, PLUGIN_LABEL,
 };
 use crate::sharing::PluginKind;
 
@@ -114,7 +114,7 @@ pub fn from_cluster(cluster: &Cluster, plugin: PluginKind) -> LiveInput {
     for node in &cluster.nodes {
         let name = node.metadata.name.as_deref().unwrap_or_default();
         // `now` names the node in its errors; supply_node's reasons get the name here.
-        let checked = match supply_node(node, &cluster.profiles) {
+        let checked = match supply_node(node, &cluster.profiles, plugin) {
             Ok(Some(n)) => n.now(plugin).map(|_| Some(n)).map_err(|e| e.to_string()),
             Ok(None) => Ok(None),
             Err(why) => Err(format!("node {name}: {why}")),
@@ -228,6 +228,13 @@ enum Skipped {
     Labels(#[from] super::node_gpus::LabelError),
     #[error("{count_read}: {count} GPUs, over the {MAX_SIMULATED_GPUS} a node holds")]
     TooManyGpus { count_read: String, count: u32 },
+    /// Its agent runs another device plugin: a profile planned for this one would advertise
+    /// what that plugin does not (the NVIDIA plugin shares every whole GPU alike).
+    #[error(
+        "its agent runs --plugin {runs} ({PLUGIN_LABEL}), but this plans for --plugin {asked}: \
+         give the same --plugin to both, or leave the node out"
+    )]
+    OtherPlugin { runs: String, asked: &'static str },
 }
 
 /// The node as supply; none for a node without GFD's GPU labels (not a GPU node), an error
@@ -235,12 +242,19 @@ enum Skipped {
 fn supply_node(
     node: &Node,
     profiles: &BTreeMap<String, String>,
+    plugin: PluginKind,
 ) -> Result<Option<SupplyNode>, Skipped> {
     if !has_gpu_labels(node) {
         return Ok(None);
     }
     if let Some(why) = unusable(node) {
         return Err(why);
+    }
+    if let Some(runs) = label(node, PLUGIN_LABEL).filter(|runs| *runs != plugin.name()) {
+        return Err(Skipped::OtherPlugin {
+            runs: runs.to_string(),
+            asked: plugin.name(),
+        });
     }
     let name = node.metadata.name.clone().unwrap_or_default();
     let (profile_name, profile) = match running_profile(node, profiles) {

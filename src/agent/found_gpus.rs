@@ -30,6 +30,7 @@ impl Reconciler {
             gpus: self.gpus.clone(),
             nodes: Api::all(self.client.clone()),
             node_name: self.node_name.clone(),
+            plugin: self.apply.plugin,
         };
         tokio::spawn(job.publish());
     }
@@ -43,6 +44,8 @@ struct FoundGpus {
     gpus: SharedGpus,
     nodes: Api<Node>,
     node_name: String,
+    /// Published beside the GPUs ([`crate::published::PLUGIN_LABEL`]).
+    plugin: crate::sharing::PluginKind,
 }
 
 impl FoundGpus {
@@ -65,10 +68,14 @@ impl FoundGpus {
                 }
             }
         };
-        let wanted = labels(&observed);
+        let mut wanted = labels(&observed);
         if wanted.is_empty() {
             return;
         }
+        wanted.insert(
+            crate::published::PLUGIN_LABEL,
+            self.plugin.name().to_string(),
+        );
         let current = match self.seen {
             Some(labels) => Some(labels),
             None => (self.nodes.get(&self.node_name).await.ok())

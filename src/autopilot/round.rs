@@ -73,6 +73,10 @@ impl Round {
         let mut decisions = self.decide(&seen);
         self.act(&mut decisions).await;
         let status = self.publish(&seen, &decisions).await?;
+        // Rounds run on changes only: each says what it left out (also in the status).
+        for why in &seen.left_out {
+            info!(%why, "left out of the round");
+        }
         let count = |a: Action| decisions.iter().filter(|d| d.action == a).count();
         info!(
             round_ms = started.elapsed().as_millis() as u64,
