@@ -384,6 +384,26 @@ fn a_refused_slice_write_fails_and_is_retried_and_other_pools_are_left_alone() {
     }
 }
 
+/// Running pods on `node`, each holding its device of the node's pool through a claim of its
+/// own (`<pod>-claim`), as the kubelet lists them.
+fn hold_through_claims(
+    api: &KubeDouble,
+    kubelet: &PodResourcesKubelet,
+    node: &str,
+    holders: &[(&str, &str)],
+) {
+    for (pod, device) in holders {
+        api.put_pod(kube_double::fixtures::running_pod(
+            "default",
+            pod,
+            node,
+            &[("app", pod)],
+        ));
+        let claim = format!("{pod}-claim");
+        kubelet.allocate_claim("default", pod, &claim, "gpu.gpu-share.dev", node, device);
+    }
+}
+
 /// The drain knows DRA holders: a pod whose claim holds a device the re-partition destroys is
 /// evicted first, though it runs no process on it; a pod holding a kept device stays. The
 /// kubelet lists claims' devices in PodResources (`dynamic_resources`: driver, pool, device),
@@ -410,22 +430,12 @@ fn a_pod_holding_a_destroyed_device_through_a_claim_is_evicted_and_kept_devices_
         .next()
         .cloned()
         .expect("a device stays");
-    for (pod, device) in [("on-going", &going), ("on-staying", &staying)] {
-        api.put_pod(kube_double::fixtures::running_pod(
-            "default",
-            pod,
-            "dra-claims",
-            &[("app", pod)],
-        ));
-        kubelet.allocate_claim(
-            "default",
-            pod,
-            &format!("{pod}-claim"),
-            "gpu.gpu-share.dev",
-            "dra-claims",
-            device,
-        );
-    }
+    hold_through_claims(
+        &api,
+        &kubelet,
+        "dra-claims",
+        &[("on-going", &going), ("on-staying", &staying)],
+    );
     api.set_node_label("dra-claims", PROFILE_LABEL, Some("h100-inference"));
     wait_applied(&api, &node, "h100-inference", Duration::from_secs(30));
     assert_eq!(
@@ -459,22 +469,12 @@ fn a_claims_device_that_keeps_its_name_but_not_its_sharing_is_drained() {
     node.start_agent(&["--plugin", "dra"], &[]);
     api.set_node_label("dra-terms", PROFILE_LABEL, Some("ts"));
     wait_applied_text(&api, &node, &ts, Duration::from_secs(30), "ts");
-    for (pod, device) in [("changed", "gpu-0-share-0"), ("unchanged", "gpu-1-share-0")] {
-        api.put_pod(kube_double::fixtures::running_pod(
-            "default",
-            pod,
-            "dra-terms",
-            &[("app", pod)],
-        ));
-        kubelet.allocate_claim(
-            "default",
-            pod,
-            &format!("{pod}-claim"),
-            "gpu.gpu-share.dev",
-            "dra-terms",
-            device,
-        );
-    }
+    hold_through_claims(
+        &api,
+        &kubelet,
+        "dra-terms",
+        &[("changed", "gpu-0-share-0"), ("unchanged", "gpu-1-share-0")],
+    );
     api.set_node_label("dra-terms", PROFILE_LABEL, Some("mps"));
     wait_applied_text(&api, &node, &mps, Duration::from_secs(30), "mps");
     assert_eq!(
