@@ -33,6 +33,12 @@
 # 11. A Deployment's pod on a time-sliced replica (`--plugin builtin`), relabelled from 2 to 4
 # replicas: its device ID stays advertised, but on other terms, so it is drained first
 # (Reallocating names the change) and its successor runs on a replica of the new count.
+# 12. `--plugin dra` with the overlay's extended-resource DeviceClasses: a Deployment asking
+# `nvidia.com/gpu: 1` and a pod asking `nvidia.com/mig-1g.10gb: 1`, specs as for a device
+# plugin, run on the DRA node: the scheduler makes each a claim (pod status
+# extendedResourceClaimStatus), the agent prepares it (CDI spec); then GPU 1 goes from 2
+# time-sliced shares to 2 MPS shares (same device names): the Deployment's pod is drained
+# (Reallocating names the change) and its successor runs on an MPS share.
 # Results of the session that wrote it: its closing note (issues stops).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -41,6 +47,7 @@ export KUBECONFIG=$TESTBED_DIR/kubeconfig
 K=$TESTBED_DIR/bin/kubectl
 BIN=${BIN:-$ROOT/target/release/gpu-share}
 NVML=${NVML:-$ROOT/target/debug/libnvidia_ml.so}
+MPS_CONTROL=${MPS_CONTROL:-$ROOT/target/debug/nvidia-cuda-mps-control}
 NODE=$($K get nodes -o jsonpath='{.items[0].metadata.name}')
 W=$(mktemp -d)
 trap 'pkill -f "$BIN agent" 2>/dev/null; rm -rf "$W"' EXIT
@@ -81,7 +88,8 @@ agent() {
   env NODE_NAME="$NODE" POD_NAMESPACE=gpu-share GPU_SHARE_NVML_LIB="$NVML" \
     FAKE_NVML_STATE="$W/nvml.json" GPU_SHARE_STATE_DIR="$W/state" \
     GPU_SHARE_PLUGIN_CONFIG="$W/plugin/config.yaml" GPU_SHARE_PLUGIN_RELOAD=none \
-    GPU_SHARE_MPS_ROOT="$W/mps" GPU_SHARE_HOST_ROOT="$W/host" GPU_SHARE_LISTEN="127.0.0.1:$port" \
+    GPU_SHARE_MPS_ROOT="$W/mps" GPU_SHARE_MPS_CONTROL="$MPS_CONTROL" \
+    GPU_SHARE_HOST_ROOT="$W/host" GPU_SHARE_LISTEN="127.0.0.1:$port" \
     RUST_LOG=info "$BIN" agent --resync-period 300s "$@" > "$W/agent-$port.log" 2>&1 &
   sleep 3
 }
@@ -391,6 +399,60 @@ claim=$($K get pod oob-2 -o jsonpath='{.status.resourceClaimStatuses[0].resource
 echo "pod oob-2 ($($K get pod oob-2 -o jsonpath='{.status.phase}')): $($K get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')"
 echo "NVML: $(nvml_instances)"
 $K delete pod oob-1 oob-2 --wait=true --timeout=60s >/dev/null
+$K label node "$NODE" gpu-share.dev/profile- >/dev/null
+stop_agent
+fi
+
+
+if want 12; then
+echo "== 12. classic nvidia.com/gpu and nvidia.com/mig-1g.10gb pods on a --plugin dra node"
+$K apply -f "$ROOT/deploy/overlays/dra/device-classes.yaml" \
+  -f "$ROOT/deploy/overlays/dra/extended-resource-classes.yaml" >/dev/null
+echo "DeviceClasses with an extendedResourceName: $($K get deviceclasses -o json | python3 -c '
+import json, sys
+print(sum(1 for c in json.load(sys.stdin)["items"] if c["spec"].get("extendedResourceName")))')"
+$K -n gpu-share create configmap gpu-share-profiles \
+  --from-literal=dra-ts="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {1g.10gb: 7}\n- devices: [1]\n  timeSlicing: {replicas: 2}\n')" \
+  --from-literal=dra-mps="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {1g.10gb: 7}\n- devices: [1]\n  mps: {replicas: 2}\n')" \
+  --dry-run=client -o yaml | $K apply -f - >/dev/null
+agent 19612 --plugin dra --cdi-root "$W/cdi" --dra-plugin-dir "$W/dra" \
+  --pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock
+$K label node "$NODE" gpu-share.dev/profile=dra-ts --overwrite >/dev/null
+wait_state success 60; echo "state $(state): $(reason)"
+echo "node allocatable nvidia.com/gpu: '$(gpus)' (0 or absent: the scheduler serves it from DRA)"
+gpu_workload classic deployment
+classic_claim() { # $1: pod name -> "claim device request"
+  local c; c=$($K get pod "$1" -o jsonpath='{.status.extendedResourceClaimStatus.resourceClaimName}')
+  echo "$c $($K get resourceclaim "$c" -o jsonpath='{.status.allocation.devices.results[0].device} {.status.allocation.devices.results[0].request} class {.spec.devices.requests[0].exactly.deviceClassName}')"
+}
+before=$($K get pod -l app=classic -o jsonpath='{.items[0].metadata.name}')
+echo "pod $before ($($K get pod "$before" -o jsonpath='{.status.phase}')): $($K get pod "$before" -o jsonpath='{.status.extendedResourceClaimStatus}')"
+echo "its claim: $(classic_claim "$before")"
+cat <<YAML | $K apply -f - >/dev/null
+apiVersion: v1
+kind: Pod
+metadata: {name: classic-mig, namespace: default}
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {name: c, image: k8s.local/busybox:1.35, imagePullPolicy: Never, command: [sleep, "3600"], resources: {limits: {nvidia.com/mig-1g.10gb: 1}}}
+YAML
+$K wait --for=condition=Ready pod/classic-mig --timeout=60s >/dev/null && echo "pod classic-mig Ready: $(classic_claim classic-mig)"
+echo "prepared (agent log):"; grep -E "prepared|NodePrepareResources" "$W/agent-19612.log" | cut -c1-240 | tail -3
+echo "CDI specs: $(ls "$W/cdi" 2>/dev/null | tr '\n' ' ')"
+mig_uid=$($K get pod classic-mig -o jsonpath='{.metadata.uid}')
+$K label node "$NODE" gpu-share.dev/profile=dra-mps --overwrite >/dev/null
+for _ in $(seq 1 90); do
+  [ "$(state)" = success ] && ! $K get pod "$before" >/dev/null 2>&1 && break; sleep 1
+done
+$K wait --for=condition=Ready pod -l app=classic --timeout=60s >/dev/null
+after=$($K get pod -l app=classic -o jsonpath='{.items[0].metadata.name}')
+echo "state $(state); pod before: $before; now: $after, its claim: $(classic_claim "$after")"
+$K get events.events.k8s.io -A --field-selector reason=Reallocating -o jsonpath='{range .items[*]}{.note}{"\n"}{end}' | tail -1 | cut -c1-400
+echo "classic-mig: uid $mig_uid before, $($K get pod classic-mig -o jsonpath='{.metadata.uid} {.status.phase}') now (its device kept its terms)"
+$K delete deploy classic --wait=false >/dev/null
+$K delete pod classic-mig --wait=true --timeout=30s >/dev/null
 $K label node "$NODE" gpu-share.dev/profile- >/dev/null
 stop_agent
 fi

@@ -43,11 +43,51 @@ pub(super) fn round_trip_v1(doc: &Value, what: &str) {
     );
     let mut beta = doc.clone();
     beta["apiVersion"] = json!("resource.k8s.io/v1beta2");
+    if let Some(spec) = beta["spec"].as_object_mut() {
+        if let Some(name) = spec.remove("extendedResourceName") {
+            let name = name.as_str().unwrap_or_default();
+            assert!(
+                is_extended_resource_name(name),
+                "{what}: extendedResourceName {name:?} is not an extended resource name"
+            );
+        }
+    }
     match doc["kind"].as_str().unwrap() {
         "DeviceClass" => round_trip::<v1beta2::DeviceClass>(&beta, what),
         "ResourceClaimTemplate" => round_trip::<v1beta2::ResourceClaimTemplate>(&beta, what),
         other => panic!("{what}: {other} is not a DRA kind this test knows"),
     }
+}
+
+/// What the API server accepts as a DeviceClass's `extendedResourceName` (validateDeviceClass in
+/// kubernetes pkg/apis/resource/validation/validation.go calls `IsExtendedResourceName`,
+/// pkg/apis/core/v1/helper/helpers.go): not a native resource (one with a `/` and outside
+/// `kubernetes.io/`), not `requests.`-prefixed, and `requests.<name>` a qualified name: an
+/// optional DNS-subdomain prefix, then a name of at most 63 characters of alphanumerics, `-`,
+/// `_` and `.` that starts and ends alphanumeric.
+fn is_extended_resource_name(name: &str) -> bool {
+    let Some((prefix, short)) = name.split_once('/') else {
+        return false;
+    };
+    let native = prefix == "kubernetes.io" || prefix.ends_with(".kubernetes.io");
+    let dns_subdomain = !prefix.is_empty()
+        && prefix.len() <= 253
+        && prefix.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        });
+    let alnum_end = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    let qualified_short = short.len() <= 63
+        && alnum_end(short.chars().next())
+        && alnum_end(short.chars().last())
+        && short
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    !native && !name.starts_with("requests.") && dns_subdomain && qualified_short
 }
 
 /// In DRA mode the agent is the kubelet's DRA plugin: its registration directory, its own
@@ -85,6 +125,8 @@ struct Published {
     name: String,
     cel: Cel,
     expected_class: &'static str,
+    /// The `migProfile` attribute: a MIG device, or a share of one.
+    mig_profile: Option<String>,
 }
 
 fn class_of(sharing: &str) -> &'static str {
@@ -181,6 +223,9 @@ fn published(profile: &str, gpus: &str) -> (Vec<Value>, Vec<Published>) {
                 name: d["name"].as_str().unwrap().to_string(),
                 cel: device_cel(driver, d),
                 expected_class: expected_class(&modes[&parent], d),
+                mig_profile: d["attributes"]["migProfile"]["string"]
+                    .as_str()
+                    .map(str::to_string),
             });
         }
     }
@@ -212,11 +257,48 @@ fn selects(programs: &[(String, Program)], device: &Published) -> bool {
     })
 }
 
-fn class_selectors(objects: &[Value]) -> BTreeMap<String, Vec<(String, Program)>> {
+/// The extended resource a DeviceClass serves (`spec.extendedResourceName`, resource.k8s.io/v1
+/// from 1.34; the v1_33 types of k8s-openapi this crate builds with do not have the field).
+fn extended_resource_of(class: &Value) -> Option<&str> {
+    class["spec"]["extendedResourceName"].as_str()
+}
+
+/// The DeviceClasses claims name by sharing mode (deploy/overlays/dra/device-classes.yaml).
+fn sharing_classes(objects: &[Value]) -> BTreeMap<String, Vec<(String, Program)>> {
+    class_selectors(objects, |c| extended_resource_of(c).is_none())
+}
+
+/// The DeviceClasses that serve classic extended-resource limits
+/// (deploy/overlays/dra/extended-resource-classes.yaml), by the resource each serves.
+fn extended_classes(objects: &[Value]) -> BTreeMap<String, Vec<(String, Program)>> {
+    let resources: BTreeMap<String, String> = objects
+        .iter()
+        .filter(|o| o["kind"] == "DeviceClass")
+        .filter_map(|o| {
+            let name = o["metadata"]["name"].as_str()?.to_string();
+            Some((name, extended_resource_of(o)?.to_string()))
+        })
+        .collect();
+    let by_class = class_selectors(objects, |c| extended_resource_of(c).is_some());
+    assert_eq!(
+        by_class.len(),
+        resources.values().collect::<BTreeSet<_>>().len(),
+        "one DeviceClass per extended resource: {resources:?}"
+    );
+    by_class
+        .into_iter()
+        .map(|(class, selectors)| (resources[&class].clone(), selectors))
+        .collect()
+}
+
+fn class_selectors(
+    objects: &[Value],
+    which: impl Fn(&Value) -> bool,
+) -> BTreeMap<String, Vec<(String, Program)>> {
     all::<v1beta2::DeviceClass>(
         &objects
             .iter()
-            .filter(|o| o["kind"] == "DeviceClass")
+            .filter(|o| o["kind"] == "DeviceClass" && which(o))
             .map(|o| {
                 let mut o = o.clone();
                 o["apiVersion"] = json!("resource.k8s.io/v1beta2");
@@ -256,7 +338,7 @@ const MIXED: [(&str, &str); 4] = [
 #[test]
 fn each_published_device_is_in_exactly_the_device_class_of_its_sharing_mode() {
     let objects = render(&deploy().join("overlays/dra")).objects;
-    let classes = class_selectors(&objects);
+    let classes = sharing_classes(&objects);
     assert_eq!(
         classes.keys().map(String::as_str).collect::<BTreeSet<_>>(),
         CLASSES.iter().map(|(_, c)| *c).collect(),
@@ -298,8 +380,191 @@ fn each_published_device_is_in_exactly_the_device_class_of_its_sharing_mode() {
         name: "foreign".into(),
         cel: device_cel("gpu.nvidia.com", &slices[0]["spec"]["devices"][0]),
         expected_class: "",
+        mig_profile: None,
     };
     assert!(classes.values().all(|s| !selects(s, &foreign)));
+}
+
+/// The extended resource a device plugin advertises for `device` under the `mixed` MIG
+/// strategy, shared or not (src/plan: `nvidia.com/gpu`, or `nvidia.com/mig-<profile>`), and so
+/// the classic limit a pod asks it by.
+fn classic_resource(device: &Published) -> String {
+    match &device.mig_profile {
+        Some(profile) => gpu_share::mig::catalog::resource_name(profile),
+        None => gpu_share::sharing::GPU_RESOURCE.to_string(),
+    }
+}
+
+/// deploy/overlays/dra/extended-resource-classes.yaml as it must read: `nvidia.com/gpu` for
+/// every device outside MIG, and `nvidia.com/mig-<profile>` for each MIG profile of the catalog,
+/// shares of MIG devices included (a device plugin advertises them under the same name).
+fn extended_resource_classes_yaml() -> String {
+    let profiles: BTreeSet<&str> = gpu_share::mig::catalog::catalog()
+        .models
+        .iter()
+        .flat_map(|m| m.gpu_instance_profiles.iter().map(|p| p.name.as_str()))
+        .collect();
+    let mut out = String::from(EXTENDED_CLASSES_HEAD);
+    out += &extended_class(
+        "nvidia-gpu.gpu-share.dev",
+        gpu_share::sharing::GPU_RESOURCE,
+        "A whole GPU or a share of one (time-sliced or MPS), not MIG: what `nvidia.com/gpu` is\n    # on a device-plugin node.",
+        &format!("!(\"migProfile\" in device.attributes[\"{DRIVER}\"])"),
+    );
+    for p in profiles {
+        let resource = gpu_share::mig::catalog::resource_name(p);
+        let class = format!(
+            "{}.gpu-share.dev",
+            resource.trim_start_matches("nvidia.com/")
+        );
+        out += &extended_class(
+            &class,
+            &resource,
+            &format!("A {p} MIG device, or a share of one."),
+            &format!(
+                "\"migProfile\" in device.attributes[\"{DRIVER}\"] &&\n          device.attributes[\"{DRIVER}\"].migProfile == \"{p}\""
+            ),
+        );
+    }
+    out
+}
+
+const EXTENDED_CLASSES_HEAD: &str = "\
+# DeviceClasses that serve a pod's classic limits (`nvidia.com/gpu: 1`, `nvidia.com/mig-1g.10gb:
+# 1`) from gpu-share's DRA devices, unchanged pod specs on a `--plugin dra` node (Kubernetes
+# 1.34+ `DRAExtendedResource`: beta and on by default in 1.36; docs/dra.md \"Classic pods on
+# DRA\"). The scheduler serves such a limit from DRA only on a node whose allocatable does not
+# list the resource, so on device-plugin nodes the same spec keeps using the device plugin.
+#
+# One class per resource: `nvidia.com/gpu` takes every device outside MIG (a whole GPU, or a
+# time-sliced or MPS share when the profile shares the GPU), `nvidia.com/mig-<profile>` every
+# device of that MIG profile (shared or not), as a device plugin advertises them under the
+# `mixed` strategy. `<name>.shared` (a profile's `renameByDefault`) is not mapped: it exists to
+# make pods opt in to sharing, and a DRA claim says what it wants with a class instead.
+#
+# Generated from the MIG catalog (data/mig-catalog.yaml): tests/deploy/dra.rs checks it and
+# `UPDATE_GOLDEN=1 cargo test --test deploy extended_resource` writes it again.
+";
+
+fn extended_class(name: &str, resource: &str, what: &str, selects: &str) -> String {
+    format!(
+        "---
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: {name}
+  labels:
+    app.kubernetes.io/name: gpu-share
+spec:
+  extendedResourceName: {resource}
+  selectors:
+    # {what}
+    - cel:
+        expression: |-
+          device.driver == \"{DRIVER}\" &&
+          {selects}
+"
+    )
+}
+
+#[test]
+fn the_extended_resource_classes_are_generated_from_the_catalog() {
+    let path = deploy().join("overlays/dra/extended-resource-classes.yaml");
+    let want = extended_resource_classes_yaml();
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &want).unwrap();
+    }
+    let have = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 writes it)", path.display()));
+    assert!(
+        have == want,
+        "{} is not what the catalog gives (UPDATE_GOLDEN=1 cargo test --test deploy \
+         extended_resource writes it; review the diff)",
+        path.display()
+    );
+}
+
+/// Each device the mixed profiles publish is served to a classic limit by exactly one class,
+/// the one of the resource a device plugin would advertise it as; no other driver's device is.
+#[test]
+fn each_published_device_serves_the_classic_limit_a_device_plugin_advertises_it_as() {
+    let objects = render(&deploy().join("overlays/dra")).objects;
+    let classes = extended_classes(&objects);
+    assert!(classes.contains_key(gpu_share::sharing::GPU_RESOURCE));
+    for profile in gpu_share::mig::catalog::catalog()
+        .models
+        .iter()
+        .flat_map(|m| &m.gpu_instance_profiles)
+    {
+        assert!(
+            classes.contains_key(&profile.resource_name()),
+            "no class serves {}",
+            profile.resource_name()
+        );
+    }
+    let mut seen = BTreeSet::new();
+    for (profile, gpus) in MIXED {
+        for d in published(profile, gpus).1 {
+            let serving: Vec<&String> = classes
+                .iter()
+                .filter(|(_, s)| selects(s, &d))
+                .map(|(r, _)| r)
+                .collect();
+            let want = classic_resource(&d);
+            assert_eq!(
+                serving,
+                [&want],
+                "{profile} on {gpus}: device {} serves {serving:?}",
+                d.name
+            );
+            seen.insert(format!("{want} ({})", d.expected_class));
+        }
+    }
+    // Whole GPUs, time-sliced and MPS shares of GPUs and of MIG devices, and MIG devices were
+    // all among them.
+    for kind in [
+        "nvidia.com/gpu (gpu.gpu-share.dev)",
+        "nvidia.com/gpu (timeslice.gpu-share.dev)",
+        "nvidia.com/gpu (mps.gpu-share.dev)",
+        "nvidia.com/mig-1g.10gb (mig.gpu-share.dev)",
+        "nvidia.com/mig-3g.40gb (mps.gpu-share.dev)",
+    ] {
+        assert!(seen.contains(kind), "{kind} not met: {seen:?}");
+    }
+    let (slices, _) = published(MIXED[0].0, MIXED[0].1);
+    let foreign = Published {
+        name: "foreign".into(),
+        cel: device_cel("gpu.nvidia.com", &slices[0]["spec"]["devices"][0]),
+        expected_class: "",
+        mig_profile: None,
+    };
+    assert!(classes.values().all(|s| !selects(s, &foreign)));
+}
+
+/// Each case was put to the real kube-apiserver 1.36.2 of ../shared/testbed as a DeviceClass
+/// (`kubectl apply --dry-run=server`): the accepted ones were created, the refused ones answered
+/// `spec.extendedResourceName: Invalid value: …: must be a valid extended resource name`.
+#[test]
+fn extended_resource_names_are_checked_as_the_api_server_does() {
+    for ok in [
+        "nvidia.com/gpu",
+        "nvidia.com/mig-1g.10gb",
+        "nvidia.com/mig-1g.24gb.me.all",
+        "example.com/a_b",
+    ] {
+        assert!(is_extended_resource_name(ok), "{ok}");
+    }
+    for refused in [
+        "gpu",                       // no prefix: a native resource name
+        "kubernetes.io/gpu",         // the kubernetes.io domain is native
+        "node.kubernetes.io/gpu",    // and so are its subdomains
+        "requests.nvidia.com/gpu",   // the quota prefix
+        "nvidia.com/mig-1g.10gb+me", // `+` is not a name character
+        "nvidia.com/-gpu",           // names start alphanumeric
+        "Nvidia.com/gpu",            // the prefix is a lowercase DNS subdomain
+    ] {
+        assert!(!is_extended_resource_name(refused), "{refused}");
+    }
 }
 
 fn claim_templates() -> Vec<Value> {
@@ -314,7 +579,7 @@ fn claim_templates() -> Vec<Value> {
 #[test]
 fn the_example_claims_select_the_devices_they_describe() {
     let objects = render(&deploy().join("overlays/dra")).objects;
-    let classes = class_selectors(&objects);
+    let classes = sharing_classes(&objects);
     let count_on = |template: &str, profile: &str, gpus: &str| -> usize {
         let t = claim_templates()
             .into_iter()
