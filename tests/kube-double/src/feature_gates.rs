@@ -1,7 +1,8 @@
 //! What the API server does with fields whose feature gate is off: it drops them from the
 //! object before validating and storing it, so the write succeeds and the fields are simply
-//! gone when read back. Only `DRAPartitionableDevices` is modelled (on by default, as in 1.36;
-//! off by default in 1.34 and 1.35, where the server drops every counter a driver publishes).
+//! gone when read back. `DRAPartitionableDevices` (on by default, as in 1.36; off by default in
+//! 1.34 and 1.35, where the server drops every counter a driver publishes) and `DRADeviceTaints`
+//! (beta and on in 1.36, alpha and off before) are modelled.
 //!
 //! Ported from `dropDisabledDRAPartitionableDevicesFields` in
 //! pkg/registry/resource/resourceslice/strategy.go (Kubernetes 1.36, as vendored by
@@ -61,4 +62,54 @@ fn uses_partitionable_devices(slice: &Value) -> bool {
             .into_iter()
             .flatten()
             .any(|d| non_empty(d.get("consumesCounters")))
+}
+
+/// A device taint without `timeAdded` gets the time of the write, to the second
+/// (`SetDefaults_DeviceTaint`, pkg/apis/resource/v1/defaults.go, 1.36): defaulting runs when the
+/// request is decoded, before any gate drops the field.
+pub(crate) fn default_taint_times(slice: &mut Value, now: &str) {
+    for taint in taints_mut(slice) {
+        if taint.get("timeAdded").is_none_or(Value::is_null) {
+            taint.insert("timeAdded".into(), Value::String(now.to_string()));
+        }
+    }
+}
+
+/// `slice` as a server with `DRADeviceTaints` off stores it
+/// (`dropDisabledDRADeviceTaintsFields`, pkg/registry/resource/resourceslice/strategy.go, 1.36):
+/// every device's `taints` become nil, unless the stored slice `old` already has a tainted
+/// device (`draDeviceTaintsFeatureInUse`).
+pub(crate) fn drop_device_taints(slice: &mut Value, old: Option<&Value>) {
+    let in_use = old
+        .and_then(|o| o.pointer("/spec/devices"))
+        .and_then(Value::as_array)
+        .is_some_and(|ds| {
+            ds.iter().any(|d| {
+                d.get("taints")
+                    .and_then(Value::as_array)
+                    .is_some_and(|t| !t.is_empty())
+            })
+        });
+    if in_use {
+        return;
+    }
+    for device in devices_mut(slice) {
+        device.remove("taints");
+    }
+}
+
+fn devices_mut(slice: &mut Value) -> impl Iterator<Item = &mut serde_json::Map<String, Value>> {
+    slice
+        .pointer_mut("/spec/devices")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object_mut)
+}
+
+fn taints_mut(slice: &mut Value) -> impl Iterator<Item = &mut serde_json::Map<String, Value>> {
+    devices_mut(slice)
+        .filter_map(|d| d.get_mut("taints").and_then(Value::as_array_mut))
+        .flatten()
+        .filter_map(Value::as_object_mut)
 }

@@ -563,6 +563,13 @@ impl KubeDouble {
         self.with(|st| st.partitionable_devices = enabled);
     }
 
+    /// Turns the API server's `DRADeviceTaints` feature gate on (the default, beta in
+    /// Kubernetes 1.36) or off (before 1.36): while off, ResourceSlice writes lose their devices'
+    /// taints as a real server drops them (`feature_gates`).
+    pub fn set_device_taints(&self, enabled: bool) {
+        self.with(|st| st.device_taints = enabled);
+    }
+
     /// Stops (true) or resumes the simulated disruption controller. While stopped, PDB status is
     /// not recomputed; a PDB whose spec changed then has `observedGeneration < generation` and
     /// evictions get 429 "still being processed".

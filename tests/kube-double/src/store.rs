@@ -117,6 +117,8 @@ pub(crate) struct State {
     pub disruption_paused: bool,
     /// The `DRAPartitionableDevices` feature gate (see `crate::feature_gates`).
     pub partitionable_devices: bool,
+    /// The `DRADeviceTaints` gate (on, as in 1.36): off, ResourceSlice writes lose their taints.
+    pub device_taints: bool,
     pub bookmark_interval: Duration,
     uid_seed: u64,
 }
@@ -243,6 +245,7 @@ impl State {
             pdb_expected: HashMap::new(),
             disruption_paused: false,
             partitionable_devices: true,
+            device_taints: true,
             bookmark_interval: Duration::from_secs(1),
             uid_seed: seed,
         }
@@ -966,8 +969,14 @@ impl State {
     /// What the API server does to a write before storing it: drops the fields whose feature
     /// gate is off (`crate::feature_gates`), then validates what is left.
     fn admit(&self, kind: KindId, obj: &mut Value, old: Option<&Value>) -> Result<(), ApiError> {
-        if kind == RESOURCE_SLICES && !self.partitionable_devices {
-            crate::feature_gates::drop_partitionable_devices_fields(obj, old);
+        if kind == RESOURCE_SLICES {
+            crate::feature_gates::default_taint_times(obj, &fmt_time(now()));
+            if !self.partitionable_devices {
+                crate::feature_gates::drop_partitionable_devices_fields(obj, old);
+            }
+            if !self.device_taints {
+                crate::feature_gates::drop_device_taints(obj, old);
+            }
         }
         validate(kind, obj)
     }

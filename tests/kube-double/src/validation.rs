@@ -15,7 +15,12 @@
 //! - `spec.sharedCounters`: at most 8 counter sets; each at most 32 counters;
 //! - `spec.devices[i].consumesCounters`: at most 2 entries, one per counter set, each at most
 //!   32 counters;
-//! - `spec.devices[i]`: at most 32 attributes and capacities combined.
+//! - `spec.devices[i]`: at most 32 attributes and capacities combined;
+//! - `spec.devices[i].taints` (`validateDeviceTaint`, validation.go, 1.36): at most 16
+//!   (`DeviceTaintsMaxLength`); each `key` a label name (qualified name), `value` empty or a
+//!   label value, `effect` required and one of `NoExecute`, `NoSchedule`, `None`. Each message
+//!   below is the one the real 1.36.2 server of ../shared/testbed returned for such a taint
+//!   (`kubectl create --dry-run=server`).
 
 use serde_json::Value;
 
@@ -28,6 +33,84 @@ pub(crate) const MAX_COUNTER_SETS: usize = 8;
 pub(crate) const MAX_COUNTERS_PER_SET: usize = 32;
 pub(crate) const MAX_CONSUMPTIONS_PER_DEVICE: usize = 2;
 pub(crate) const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
+pub(crate) const MAX_TAINTS_PER_DEVICE: usize = 16;
+const TAINT_EFFECTS: [&str; 3] = ["NoExecute", "NoSchedule", "None"];
+
+/// apimachinery's `IsQualifiedName` name part (and `IsValidLabelValue` when not empty):
+/// alphanumerics, `-`, `_`, `.`, starting and ending alphanumeric, at most 63 characters.
+fn is_name_part(s: &str) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    s.len() <= 63
+        && edge(s.chars().next())
+        && edge(s.chars().last())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// A label name: an optional DNS-subdomain prefix and `/`, then a name part.
+fn is_label_name(s: &str) -> bool {
+    let (prefix, name) = s.rsplit_once('/').unwrap_or(("", s));
+    let prefix_ok = !s.contains('/')
+        || (!prefix.is_empty()
+            && prefix.len() <= 253
+            && prefix.split('.').all(|l| {
+                !l.is_empty()
+                    && l.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            }));
+    prefix_ok && is_name_part(name)
+}
+
+/// The first rule `taint` (device `i`'s `j`th) breaks.
+fn device_taint(
+    kind: &KindInfo,
+    name: &str,
+    i: usize,
+    j: usize,
+    taint: &Value,
+) -> Result<(), ApiError> {
+    let field = |f: &str| format!("spec.devices[{i}].taints[{j}].{f}");
+    let text = |f: &str| taint.get(f).and_then(Value::as_str).unwrap_or("");
+    let key = text("key");
+    if !is_label_name(key) {
+        let why = if key.is_empty() || key.ends_with('/') {
+            "name part must be non-empty"
+        } else {
+            "name part must consist of alphanumeric characters, '-', '_' or '.', and must start \
+             and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or \
+             '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+        };
+        let what = format!("Invalid value: \"{key}\": {why}");
+        return Err(ApiError::invalid(kind, name, &field("key"), &what));
+    }
+    let value = text("value");
+    if !value.is_empty() && !is_name_part(value) {
+        let what = format!(
+            "Invalid value: \"{value}\": a valid label must be an empty string or consist of \
+             alphanumeric characters, '-', '_' or '.', and must start and end with an \
+             alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used \
+             for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
+        );
+        return Err(ApiError::invalid(kind, name, &field("value"), &what));
+    }
+    match text("effect") {
+        "" => Err(ApiError::invalid(
+            kind,
+            name,
+            &field("effect"),
+            "Required value",
+        )),
+        e if !TAINT_EFFECTS.contains(&e) => {
+            let what = format!(
+                "Unsupported value: \"{e}\": supported values: \"NoExecute\", \"NoSchedule\", \"None\""
+            );
+            Err(ApiError::invalid(kind, name, &field("effect"), &what))
+        }
+        _ => Ok(()),
+    }
+}
 
 fn len(v: Option<&Value>) -> usize {
     match v {
@@ -125,6 +208,24 @@ pub(crate) fn resource_slice(kind: &KindInfo, name: &str, slice: &Value) -> Resu
                 let field = format!("spec.devices[{i}].consumesCounters[{j}].counters");
                 return Err(too_many(kind, name, &field, n, MAX_COUNTERS_PER_SET));
             }
+        }
+        let taints = device
+            .get("taints")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        if taints.len() > MAX_TAINTS_PER_DEVICE {
+            let field = format!("spec.devices[{i}].taints");
+            return Err(too_many(
+                kind,
+                name,
+                &field,
+                taints.len(),
+                MAX_TAINTS_PER_DEVICE,
+            ));
+        }
+        for (j, taint) in taints.iter().enumerate() {
+            device_taint(kind, name, i, j, taint)?;
         }
         let n = len(device.get("attributes")) + len(device.get("capacity"));
         if n > MAX_ATTRIBUTES_AND_CAPACITIES {

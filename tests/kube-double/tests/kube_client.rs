@@ -1232,6 +1232,120 @@ async fn dra_resource_slices_the_apiserver_refuses_are_refused() {
     }
 }
 
+/// Device taints the API server refuses (`validateDeviceTaint` in
+/// pkg/apis/resource/validation/validation.go, 1.36), one case per rule, each message as the
+/// real 1.36.2 server of ../shared/testbed answered the same slice (`kubectl create
+/// --dry-run=server`); a taint without `timeAdded` is stored with the write's time.
+#[tokio::test]
+async fn dra_device_taints_the_apiserver_refuses_are_refused() {
+    let double = KubeDouble::start();
+    let slices = resource_slice_api(&double).await;
+    let tainted = |taints: serde_json::Value| json!({"devices": [{"name": "d", "taints": taints}]});
+    let pp = PostParams::default();
+    let refused = [
+        (
+            "no-key",
+            json!([{"effect": "NoSchedule"}]),
+            "spec.devices[0].taints[0].key: Invalid value: \"\": name part must be non-empty",
+        ),
+        (
+            "bad-key",
+            json!([{"key": "a b", "effect": "NoSchedule"}]),
+            "spec.devices[0].taints[0].key: Invalid value: \"a b\": name part must consist of \
+             alphanumeric characters",
+        ),
+        (
+            "bad-value",
+            json!([{"key": "gpu.gpu-share.dev/xid", "value": "a b", "effect": "NoSchedule"}]),
+            "spec.devices[0].taints[0].value: Invalid value: \"a b\": a valid label must be an \
+             empty string",
+        ),
+        (
+            "no-effect",
+            json!([{"key": "gpu.gpu-share.dev/xid"}]),
+            "spec.devices[0].taints[0].effect: Required value",
+        ),
+        (
+            "node-effect",
+            json!([{"key": "gpu.gpu-share.dev/xid", "effect": "PreferNoSchedule"}]),
+            "spec.devices[0].taints[0].effect: Unsupported value: \"PreferNoSchedule\": \
+             supported values: \"NoExecute\", \"NoSchedule\", \"None\"",
+        ),
+        (
+            "too-many",
+            (0..17)
+                .map(|i| json!({"key": format!("k{i}"), "effect": "NoSchedule"}))
+                .collect(),
+            "spec.devices[0].taints: Too many: 17: must have at most 16 items",
+        ),
+    ];
+    for (name, taints, message) in refused {
+        let err = api_status(
+            slices
+                .create(&pp, &resource_slice(name, tainted(taints)))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!(err.code, 422, "{name}");
+        assert!(err.message.contains(message), "{name}: {}", err.message);
+    }
+    let limit: serde_json::Value = (0..16)
+        .map(|i| json!({"key": format!("k{i}"), "effect": "None"}))
+        .collect();
+    slices
+        .create(&pp, &resource_slice("limit", tainted(limit)))
+        .await
+        .unwrap();
+    let xid = json!([{"key": "gpu.gpu-share.dev/xid", "value": "79", "effect": "NoSchedule"}]);
+    let stored = slices
+        .create(&pp, &resource_slice("defaulted", tainted(xid)))
+        .await
+        .unwrap();
+    let added = stored.data["spec"]["devices"][0]["taints"][0]["timeAdded"]
+        .as_str()
+        .expect("timeAdded defaulted");
+    assert!(
+        added.ends_with('Z') && !added.contains('.'),
+        "to the second: {added}"
+    );
+}
+
+/// With `DRADeviceTaints` off (before 1.36) the API server stores a slice without its devices'
+/// taints (`dropDisabledDRADeviceTaintsFields`, pkg/registry/resource/resourceslice/strategy.go),
+/// unless the stored slice already has a tainted device; the write succeeds.
+#[tokio::test]
+async fn dra_device_taints_are_dropped_when_the_gate_is_off() {
+    let double = KubeDouble::start();
+    let slices = resource_slice_api(&double).await;
+    let pp = PostParams::default();
+    let tainted = json!({"devices": [{"name": "d", "taints": [
+        {"key": "gpu.gpu-share.dev/xid", "value": "79", "effect": "NoSchedule"}]}]});
+    let kept = slices
+        .create(&pp, &resource_slice("on", tainted.clone()))
+        .await
+        .unwrap();
+    assert!(kept.data["spec"]["devices"][0].get("taints").is_some());
+
+    double.set_device_taints(false);
+    let stored = slices
+        .create(&pp, &resource_slice("off", tainted.clone()))
+        .await
+        .unwrap();
+    assert_eq!(stored.data["spec"]["devices"][0]["name"], "d");
+    assert_eq!(
+        stored.data["spec"]["devices"][0].get("taints"),
+        None,
+        "dropped"
+    );
+    let mut again = resource_slice("on", tainted);
+    again.metadata.resource_version = kept.metadata.resource_version.clone();
+    let replaced = slices.replace("on", &pp, &again).await.unwrap();
+    assert!(
+        replaced.data["spec"]["devices"][0].get("taints").is_some(),
+        "in use: kept"
+    );
+}
+
 /// With `DRAPartitionableDevices` off (the 1.34 and 1.35 default) the API server accepts a
 /// slice with counters and stores it without them: `dropDisabledDRAPartitionableDevicesFields`
 /// in pkg/registry/resource/resourceslice/strategy.go (Kubernetes 1.36) clears
