@@ -18,6 +18,27 @@ fn slots(double: &KubeDouble, holder: &str, n: u32) -> DrainSlots {
     DrainSlots::new(double.client(), NS, holder, n, LEASE)
 }
 
+/// [`slots`] whose client names `holder` as its User-Agent, so the double records this node's
+/// reads under that name (the API server's `managerOrUserAgent`, kube-double/src/server.rs).
+fn slots_seen_as(double: &KubeDouble, holder: &str, n: u32) -> DrainSlots {
+    let mut config = double.client_config();
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_str(holder).expect("a node name is a header value"),
+    ));
+    let client = kube::Client::try_from(config).expect("kube client");
+    DrainSlots::new(client, NS, holder, n, LEASE)
+}
+
+/// How many times `node` (a [`slots_seen_as`] client) has read a slot Lease.
+fn lease_reads_by(double: &KubeDouble, node: &str) -> usize {
+    double
+        .requests()
+        .into_iter()
+        .filter(|r| r.resource == "leases" && r.verb == Verb::Get && r.field_manager == node)
+        .count()
+}
+
 fn spec(double: &KubeDouble, slot: u32) -> LeaseSpec {
     double
         .lease(NS, &slot_name(slot))
@@ -85,7 +106,7 @@ fn lease_writes(double: &KubeDouble, verb: Verb) -> Vec<(u16, bool)> {
 async fn one_slot_second_node_waits_until_the_first_releases() {
     let double = KubeDouble::start();
     let a = slots(&double, "node-a", 1);
-    let b = slots(&double, "node-b", 1);
+    let b = slots_seen_as(&double, "node-b", 1);
 
     let slot_a = a.acquire(Duration::ZERO).await.unwrap();
     assert_eq!(slot_a.name(), "gpu-share-drain-0");
@@ -94,13 +115,33 @@ async fn one_slot_second_node_waits_until_the_first_releases() {
     assert_eq!(spec(&double, 0).lease_duration_seconds, Some(1));
     let renewal = slot_a.spawn_renewal();
 
-    let waiter = tokio::spawn(async move {
-        let started = Instant::now();
-        let r = b.acquire(Duration::from_secs(6)).await;
-        (r, started.elapsed())
-    });
-    // Longer than the lease duration: only the renewals keep node-b out.
-    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let waiter = tokio::spawn(async move { b.acquire(Duration::from_secs(30)).await });
+    // Only the renewals keep node-b out once the first term has passed. Seen, not slept on:
+    // node-a's renewals have carried the Lease past its first term, and node-b has then looked
+    // twice (a look that found the slot free would have taken it, not looked again).
+    let acquired = spec(&double, 0).acquire_time.unwrap().0;
+    let carried = double
+        .wait_until_async(Duration::from_secs(30), |d| {
+            let renewed = d.lease(NS, &slot_name(0)).and_then(|l| l.spec?.renew_time);
+            renewed.is_some_and(|r| {
+                r.0.as_millisecond() - acquired.as_millisecond() > LEASE.as_millis() as i64
+            })
+        })
+        .await;
+    assert!(
+        carried,
+        "node-a's renewals never carried the Lease past its first term"
+    );
+    let looks_before = lease_reads_by(&double, "node-b");
+    let looked = double
+        .wait_until_async(Duration::from_secs(30), |d| {
+            lease_reads_by(d, "node-b") >= looks_before + 2
+        })
+        .await;
+    assert!(
+        looked,
+        "node-b never looked again while node-a held the slot"
+    );
     assert!(!waiter.is_finished(), "node-b got a slot node-a holds");
     assert_eq!(
         a.held_by().await,
@@ -122,13 +163,17 @@ async fn one_slot_second_node_waits_until_the_first_releases() {
         "{after_release:?}"
     );
     assert!(renewal.await.unwrap_err().is_cancelled());
-    let (slot_b, waited) = waiter.await.unwrap();
-    let slot_b = slot_b.unwrap();
+    let slot_b = waiter.await.unwrap().unwrap();
     assert_eq!(slot_b.name(), "gpu-share-drain-0");
-    assert!(waited >= Duration::from_millis(1600), "{waited:?}");
     let s = spec(&double, 0);
     assert_eq!(s.holder_identity.as_deref(), Some("node-b"));
     assert_eq!(s.lease_transitions, Some(1));
+    // node-b took it after node-a's last renewal, not during node-a's hold.
+    let b_acquired = s.acquire_time.unwrap().0;
+    assert!(
+        b_acquired >= renewed,
+        "node-b acquired at {b_acquired}, node-a renewed at {renewed}"
+    );
 }
 
 #[tokio::test]

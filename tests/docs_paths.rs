@@ -1,7 +1,8 @@
 //! Prose that cannot go stale: every path a Markdown document of this repository cites under
 //! one of its top folders (`src/…`, `tests/…`, `docs/…`, `deploy/…`, `profiles/…`, `benches/…`,
-//! `demo/…`, `fuzz/…`, `proto/…`, `.ci/…`) exists, in the repository or, for a document inside
-//! a workspace crate (tests/fake-nvml/README.md), in that crate.
+//! `demo/…`, `fuzz/…`, `proto/…`, `.ci/…`), or as a file under any other folder
+//! (`link/README.md`, a folder since removed), exists, in the repository or, for a document
+//! inside a workspace crate (tests/fake-nvml/README.md), in that crate.
 //!
 //! Not paths of this repository, and so not checked: another repository's, written
 //! `repo:path` (`k8s-device-plugin:docs/…`); globs and templates (`*`, `{…}`, `<…>`); the user's
@@ -68,12 +69,30 @@ fn cited(line: &str) -> Vec<String> {
         }
         let stop = chars.get(end).map_or(line.len(), |(at, _)| *at);
         let token = line[start..stop].trim_end_matches(['.', '/']);
-        if TOP_FOLDERS.iter().any(|top| token.starts_with(top)) {
+        if TOP_FOLDERS.iter().any(|top| token.starts_with(top)) || names_a_file(token) {
             out.push(token.to_string());
         }
         i = end;
     }
     out
+}
+
+/// A relative path to a file outside the top folders above (`link/README.md`, a folder since
+/// removed): a plain folder name (no dot, so not a domain such as `k8s.io/…`), then a file
+/// with one of the extensions this repository's files have.
+fn names_a_file(token: &str) -> bool {
+    const EXTENSIONS: [&str; 10] = [
+        ".md", ".rs", ".txt", ".sh", ".py", ".yaml", ".yml", ".toml", ".json", ".proto",
+    ];
+    let Some((folder, rest)) = token.split_once('/') else {
+        return false;
+    };
+    !folder.is_empty()
+        && folder
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && !rest.is_empty()
+        && EXTENSIONS.iter().any(|ext| token.ends_with(ext))
 }
 
 fn not_ours(path: &str, line: &str) -> bool {
@@ -141,6 +160,11 @@ fn citations_are_found_as_written() {
     // Another repository's path, and a path inside a longer one, are not this repository's.
     assert!(cited("k8s-device-plugin:docs/gpu-feature-discovery/README.md").is_empty());
     assert!(cited("vendor/github.com/src/x.go").is_empty());
+    // A file under a folder that is not one of the top folders is still this repository's;
+    // a domain-led path is not.
+    assert_eq!(cited("traced (`link/README.md`)"), ["link/README.md"]);
+    assert!(cited("k8s.io/apiserver/pkg/endpoints/handlers/rest.go").is_empty());
+    assert!(cited("the resource nvidia.com/gpu and deploy").is_empty());
     assert!(not_ours(
         "deploy/gpu-share-autopilot",
         "kubectl scale deploy/gpu-share-autopilot"

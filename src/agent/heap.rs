@@ -3,8 +3,9 @@
 //! NVML, file and process work runs on tokio's blocking-pool threads, and under glibc each such
 //! thread allocates from its own malloc arena. When the thread ends (10 s after its last task,
 //! i.e. once the agent is idle), glibc keeps the arena, and the pages of everything freed in it
-//! stay resident: trimming gave 0.7 MiB back (idle RssAnon 2.5 -> 1.8 MiB, VmRSS 10.2 -> 9.6
-//! MiB; benches/README.md, "Agent memory"). `malloc_trim(0)` returns every whole free
+//! stay resident: trimming gave 0.7 MiB of RssAnon back (2.5 -> 1.8 MiB idle, measured when it
+//! was added; benches/README.md, "Agent memory", has the step and today's figure).
+//! `malloc_trim(0)` returns every whole free
 //! page of every arena; it runs as each blocking thread ends, so never on the async thread and
 //! never while a reconcile is working.
 
