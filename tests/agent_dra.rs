@@ -565,3 +565,181 @@ fn a_static_mig_profile_is_published_without_counters_where_the_server_drops_the
     let note = events[0].note.clone().unwrap_or_default();
     assert!(note.contains("so none is handed out twice"), "{note}");
 }
+
+/// Every published device of `node` with its taints (devices without taints left out).
+fn taints_of(api: &KubeDouble, node: &str) -> BTreeMap<String, Value> {
+    published(api, node)
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .filter(|d| d.get("taints").is_some())
+        .map(|d| (d["name"].as_str().unwrap().to_string(), d["taints"].clone()))
+        .collect()
+}
+
+/// Raise critical XID `xid` in the fake NVML of `node` on GPU `gpu`, on its first MIG device
+/// when `on_mig`; returns the faulted device's UUID.
+fn raise_xid(node: &AgentNode, gpu: usize, xid: u64, on_mig: bool) -> String {
+    let path = node.nvml_state();
+    let mut s = nvidia_ml::State::read_from(&path).unwrap();
+    let (ids, uuid) = if on_mig {
+        let gi = &s.gpus[gpu].gpu_instances[0];
+        let ci = &gi.compute_instances[0];
+        (Some((gi.id, ci.id)), ci.uuid.clone())
+    } else {
+        (None, s.gpus[gpu].uuid.clone())
+    };
+    s.gpus[gpu].raise_xid(xid, ids);
+    s.write_to(&path).unwrap();
+    uuid
+}
+
+fn events_of(api: &KubeDouble, reason: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
+    api.events()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
+}
+
+/// A critical XID on a MIG device taints that device alone in the API (key
+/// gpu.gpu-share.dev/xid, the XID as value, NoSchedule, the fault's time), at once and not at
+/// the next resync; after `--xid-heal-after` without another XID, NVML still listing the device,
+/// the taint goes and a DeviceHealed Event says why.
+#[test]
+fn a_faulted_device_is_tainted_and_the_taint_goes_when_it_heals() {
+    let api = Arc::new(KubeDouble::start());
+    profiles_configmap(&api, &["h100-inference"], &[]);
+    let mut node = AgentNode::new(&api, "dra-taint", gpus("h100", 8, true));
+    node.start_agent(
+        &[
+            "--plugin",
+            "dra",
+            "--xid-heal-after",
+            "3s",
+            "--resync-period",
+            "300s",
+        ],
+        &[],
+    );
+    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-inference"));
+    wait_applied(&api, &node, "h100-inference", Duration::from_secs(30));
+    assert_published_as_planned(&api, &node, "h100-inference");
+    assert!(poll(
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || { node.log().contains("watching for critical XID errors") }
+    ));
+    assert!(taints_of(&api, &node.name).is_empty());
+
+    let mig = raise_xid(&node, 0, 48, true);
+    let tainted = api.wait_until(Duration::from_secs(20), |a| {
+        !taints_of(a, &node.name).is_empty()
+    });
+    assert!(tainted, "no taint published\n{}", node.log());
+    let taints = taints_of(&api, &node.name);
+    let faulted: Vec<String> = published(&api, &node.name)
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .filter(|d| d["attributes"]["uuid"]["string"] == mig.as_str())
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        taints.keys().cloned().collect::<Vec<_>>(),
+        faulted,
+        "exactly the faulted MIG device"
+    );
+    let taint = &taints[&faulted[0]][0];
+    assert_eq!(taint["key"], "gpu.gpu-share.dev/xid");
+    assert_eq!(taint["value"], "48");
+    assert_eq!(taint["effect"], "NoSchedule");
+    assert!(taint["timeAdded"]
+        .as_str()
+        .is_some_and(|t| t.ends_with('Z')));
+    // Every other device is still published as planned.
+    assert_eq!(
+        device_names(&published(&api, &node.name)),
+        device_names(&planned(&node, "h100-inference"))
+    );
+    assert!(api.wait_until(Duration::from_secs(10), |a| {
+        !events_of(a, "DeviceUnhealthy").is_empty()
+    }));
+
+    let healed = api.wait_until(Duration::from_secs(30), |a| {
+        taints_of(a, &node.name).is_empty()
+    });
+    assert!(healed, "the taint stayed\n{}", node.log());
+    assert_published_as_planned(&api, &node, "h100-inference");
+    assert!(api.wait_until(Duration::from_secs(10), |a| {
+        !events_of(a, "DeviceHealed").is_empty()
+    }));
+    let note = events_of(&api, "DeviceHealed")[0]
+        .note
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        note.contains(&mig) && note.contains("raised no critical XID for 3s"),
+        "{note}"
+    );
+}
+
+/// On a server that drops taints (`DRADeviceTaints` off, before 1.36) the agent finds the loss
+/// in the stored slices and withdraws the faulted GPU's devices instead, with one Warning
+/// `TaintsDropped`; when the GPU heals its devices come back.
+#[test]
+fn where_the_server_drops_taints_a_faulted_gpus_devices_are_withdrawn_instead() {
+    let api = Arc::new(KubeDouble::start());
+    api.set_device_taints(false);
+    profiles_configmap(&api, &["h100-inference"], &[]);
+    let mut node = AgentNode::new(&api, "dra-taints-off", gpus("h100", 8, true));
+    node.start_agent(
+        &[
+            "--plugin",
+            "dra",
+            "--xid-heal-after",
+            "3s",
+            "--resync-period",
+            "300s",
+        ],
+        &[],
+    );
+    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-inference"));
+    wait_applied(&api, &node, "h100-inference", Duration::from_secs(30));
+    let all = device_names(&planned(&node, "h100-inference"));
+    assert!(poll(
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || { node.log().contains("watching for critical XID errors") }
+    ));
+
+    raise_xid(&node, 5, 79, false);
+    let of_gpu_5 = |d: &String| d.starts_with("gpu-5");
+    let gone = api.wait_until(Duration::from_secs(20), |a| {
+        let now = device_names(&published(a, &node.name));
+        !now.iter().any(of_gpu_5) && !now.is_empty()
+    });
+    assert!(
+        gone,
+        "{:?}\n{}",
+        device_names(&published(&api, &node.name)),
+        node.log()
+    );
+    let left = device_names(&published(&api, &node.name));
+    let want: BTreeSet<String> = all.iter().filter(|d| !of_gpu_5(d)).cloned().collect();
+    assert!(all.iter().any(of_gpu_5), "the profile publishes GPU 5");
+    assert_eq!(left, want, "only the faulted GPU's devices withdrawn");
+    assert!(taints_of(&api, &node.name).is_empty());
+    assert!(api.wait_until(Duration::from_secs(10), |a| {
+        !events_of(a, "TaintsDropped").is_empty()
+    }));
+    let dropped = events_of(&api, "TaintsDropped");
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    assert_eq!(dropped[0].type_.as_deref(), Some("Warning"));
+
+    let back = api.wait_until(Duration::from_secs(30), |a| {
+        device_names(&published(a, &node.name)) == all
+    });
+    assert!(
+        back,
+        "the healed GPU's devices did not come back\n{}",
+        node.log()
+    );
+}

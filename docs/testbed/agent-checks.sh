@@ -39,6 +39,12 @@
 # extendedResourceClaimStatus), the agent prepares it (CDI spec); then GPU 1 goes from 2
 # time-sliced shares to 2 MPS shares (same device names): the Deployment's pod is drained
 # (Reallocating names the change) and its successor runs on an MPS share.
+# 13. `--plugin dra --xid-heal-after 20s`, GPU 0 seven 1g.10gb: a pod's claim gets a MIG device
+# D (first fit), the pod is deleted, XID 48 is raised on D: D is published with the taint
+# gpu.gpu-share.dev/xid=48:NoSchedule; a pod whose claim asks for D by UUID stays Pending (the
+# scheduler's reason printed), one whose claim also tolerates the taint runs on D, a plain
+# 1g.10gb pod gets another device; 20 s later the taint is gone (DeviceHealed) and the pending
+# pod runs on D.
 # Results of the session that wrote it: its closing note (issues stops).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -453,6 +459,91 @@ $K get events.events.k8s.io -A --field-selector reason=Reallocating -o jsonpath=
 echo "classic-mig: uid $mig_uid before, $($K get pod classic-mig -o jsonpath='{.metadata.uid} {.status.phase}') now (its device kept its terms)"
 $K delete deploy classic --wait=false >/dev/null
 $K delete pod classic-mig --wait=true --timeout=30s >/dev/null
+$K label node "$NODE" gpu-share.dev/profile- >/dev/null
+stop_agent
+fi
+
+
+if want 13; then
+echo "== 13. a faulted MIG device tainted under the real scheduler, then healed"
+$K apply -f "$ROOT/deploy/overlays/dra/device-classes.yaml" >/dev/null
+$K apply -n default -f "$ROOT/deploy/examples/dra/resource-claim-templates.yaml" >/dev/null
+$K -n gpu-share create configmap gpu-share-profiles \
+  --from-literal=mig="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {1g.10gb: 7}\n- devices: [1]\n  exclusive: true\n')" \
+  --dry-run=client -o yaml | $K apply -f - >/dev/null
+agent 19613 --plugin dra --cdi-root "$W/cdi" --dra-plugin-dir "$W/dra" --xid-heal-after 20s \
+  --pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock
+$K label node "$NODE" gpu-share.dev/profile=mig --overwrite >/dev/null
+wait_state success 60; echo "state $(state): $(reason)"
+device_of() { # $1 pod -> its claim's device
+  local c; c=$($K get pod "$1" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
+  [ -n "$c" ] || c=$($K get pod "$1" -o jsonpath='{.spec.resourceClaims[0].resourceClaimName}')
+  $K get resourceclaim "$c" -o jsonpath='{.status.allocation.devices.results[0].device}'
+}
+pod taint-first mig-1g-10gb
+$K wait --for=condition=Ready pod/taint-first --timeout=60s >/dev/null
+D=$(device_of taint-first); echo "first fit gave $D"
+$K delete pod taint-first --wait=true --timeout=30s >/dev/null
+read -r uuid gi ci < <(python3 - "$W/nvml.json" "$D" "$($K get resourceslices -o json)" <<'PY'
+import json, sys
+state, device, slices = json.load(open(sys.argv[1])), sys.argv[2], json.loads(sys.argv[3])
+uuid = next(d["attributes"]["uuid"]["string"] for s in slices["items"] for d in s["spec"].get("devices", []) if d["name"] == device)
+for g in state["gpus"]:
+    for gi in g.get("gpu_instances", []):
+        for ci in gi.get("compute_instances", []):
+            if ci.get("uuid") == uuid:
+                print(uuid, gi["id"], ci["id"])
+PY
+)
+t0=$(date +%s.%N)
+raise_xid 0 48 "$gi" "$ci"
+taint_of() { $K get resourceslices -o json | python3 -c '
+import json, sys
+for s in json.load(sys.stdin)["items"]:
+    for d in s["spec"].get("devices", []):
+        if d["name"] == sys.argv[1]: print(json.dumps(d.get("taints", [])))' "$1"; }
+for _ in $(seq 1 40); do [ "$(taint_of "$D")" != "[]" ] && break; sleep 0.25; done
+echo "XID 48 on $D ($uuid): published taints $(taint_of "$D") after $(echo "$(date +%s.%N) - $t0" | bc) s"
+claim_pod() { # $1 name, $2 "tolerate" or ""
+  local tol=""
+  [ "$2" = tolerate ] && tol="
+        tolerations: [{key: gpu.gpu-share.dev/xid, operator: Exists, effect: NoSchedule}]"
+  cat <<YAML | $K apply -f - >/dev/null
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: $1, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: mig
+      exactly:
+        deviceClassName: mig.gpu-share.dev
+        selectors: [{cel: {expression: 'device.attributes["gpu.gpu-share.dev"].uuid == "$uuid"'}}]$tol
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  resourceClaims: [{name: mig, resourceClaimName: $1}]
+  containers:
+  - {name: c, image: k8s.local/busybox:1.35, imagePullPolicy: Never, command: [sleep, "3600"], resources: {claims: [{name: mig}]}}
+YAML
+}
+claim_pod wants-d ""
+claim_pod tolerates-d tolerate
+pod taint-next mig-1g-10gb
+$K wait --for=condition=Ready pod/tolerates-d --timeout=60s >/dev/null && echo "tolerates-d Ready on $(device_of tolerates-d)"
+$K wait --for=condition=Ready pod/taint-next --timeout=60s >/dev/null && echo "taint-next (plain 1g.10gb) Ready on $(device_of taint-next)"
+$K delete pod tolerates-d --wait=true --timeout=30s >/dev/null; $K delete resourceclaim tolerates-d >/dev/null
+sleep 2
+echo "wants-d: $($K get pod wants-d -o jsonpath='{.status.phase}: {.status.conditions[?(@.type=="PodScheduled")].message}')"
+for _ in $(seq 1 60); do [ "$(taint_of "$D")" = "[]" ] && break; sleep 1; done
+echo "after $(echo "$(date +%s.%N) - $t0" | bc) s: taints on $D $(taint_of "$D")"
+$K get events.events.k8s.io -A --field-selector reason=DeviceHealed -o jsonpath='{range .items[*]}{.type} {.reason}: {.note}{"\n"}{end}' | tail -1 | cut -c1-300
+$K wait --for=condition=Ready pod/wants-d --timeout=90s >/dev/null && echo "wants-d Ready on $(device_of wants-d) after the heal"
+$K delete pod wants-d taint-next --wait=true --timeout=30s >/dev/null; $K delete resourceclaim wants-d >/dev/null
 $K label node "$NODE" gpu-share.dev/profile- >/dev/null
 stop_agent
 fi

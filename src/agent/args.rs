@@ -139,6 +139,23 @@ pub struct AgentArgs {
     #[arg(long, env = "GPU_SHARE_PLUGIN_HEALTH_INTERVAL", default_value = "5s", hide = true,
           alias = "plugin-health-ms", value_parser = duration::millis_or_duration)]
     pub plugin_health_interval: Duration,
+    /// How long a device that raised a critical XID must stay quiet (no new critical XID, and
+    /// NVML still answering for it) to be healthy again: the built-in plugin reports it Healthy,
+    /// the DRA plugin's health stream too, and its taint goes. `0s`: never, NVIDIA's device
+    /// plugin's rule (unhealthy until the agent restarts).
+    #[arg(long, env = "GPU_SHARE_XID_HEAL_AFTER", default_value = "10m",
+          value_parser = duration::secs_or_duration)]
+    pub xid_heal_after: Duration,
+    /// dra: the effect of the taint a faulted device carries: `NoSchedule` (claims that do not
+    /// tolerate it are not allocated the device) or `NoExecute` (the pods holding it are also
+    /// evicted by kube-controller-manager).
+    #[arg(
+        long,
+        env = "GPU_SHARE_XID_TAINT_EFFECT",
+        value_enum,
+        default_value = "NoSchedule"
+    )]
+    pub xid_taint_effect: crate::dra::taints::TaintEffect,
     /// builtin: how often kubelet.sock is checked for a kubelet restart (tests shorten it).
     #[arg(long, env = "GPU_SHARE_KUBELET_POLL_INTERVAL", default_value = "1s", hide = true,
           alias = "kubelet-poll-ms", value_parser = duration::millis_or_duration)]

@@ -126,11 +126,16 @@ impl Reconciler {
         };
         self.adopt_claims_instances(plan);
         let claimed = self.claimed_instances();
-        let slices = dra::resource_slices_with(&self.node_name, 0, &plan.gpus, observed, &claimed);
+        let slices = self.pool_slices(plan, observed, &claimed);
         match publisher.publish(slices).await {
             Ok(publish::Outcome::Unchanged) => Ok(()),
             Ok(publish::Outcome::CountersDropped { generation }) => {
                 self.counters_dropped_event(plan);
+                self.slices_published_event(generation);
+                Ok(())
+            }
+            Ok(publish::Outcome::TaintsDropped { generation }) => {
+                self.taints_dropped_event();
                 self.slices_published_event(generation);
                 Ok(())
             }
@@ -141,6 +146,29 @@ impl Reconciler {
             }
             Err(e) => Err(publish_failure(&e)),
         }
+    }
+
+    /// The pool `plan` publishes on `observed`, each device a critical XID touched tainted
+    /// (`dra::taints`).
+    fn pool_slices(
+        &self,
+        plan: &NodePlan,
+        observed: &ObservedNode,
+        claimed: &dra::dynamic::ClaimedInstances,
+    ) -> Vec<dra::api::ResourceSlice> {
+        let slices = dra::resource_slices_with(&self.node_name, 0, &plan.gpus, observed, claimed);
+        dra::taints::tainted(&slices, &self.faults.all_since(), self.taint_effect)
+    }
+
+    /// The Warning for an API server found dropping taints: faulted devices are withdrawn
+    /// instead, for as long as the agent runs.
+    fn taints_dropped_event(&self) {
+        let message = "the API server drops ResourceSlice device taints (feature gate \
+                       DRADeviceTaints off, the default before Kubernetes 1.36): devices a \
+                       critical XID faulted are withdrawn from the slices instead of tainted \
+                       (a claim cannot tolerate them), and come back when they heal";
+        warn!(message, "ResourceSlice taints dropped");
+        self.event_in_background(EventType::Warning, "TaintsDropped", message);
     }
 
     fn slices_published_event(&self, generation: i64) {
@@ -204,13 +232,7 @@ impl Reconciler {
             return Ok(());
         };
         self.adopt_claims_instances(next);
-        let slices = dra::resource_slices_with(
-            &self.node_name,
-            0,
-            &next.gpus,
-            observed,
-            &self.claimed_instances(),
-        );
+        let slices = self.pool_slices(next, observed, &self.claimed_instances());
         let gone = publisher.withdraw(&slices).await.map_err(|e| {
             failed(
                 super::outcome::Reason::PublishFailed,

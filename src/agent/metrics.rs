@@ -278,6 +278,11 @@ impl Metrics {
         self.inner.unhealthy_devices.set(unhealthy as i64);
     }
 
+    /// Faulted devices healed: `unhealthy` are left.
+    pub fn devices_healed(&self, unhealthy: usize) {
+        self.inner.unhealthy_devices.set(unhealthy as i64);
+    }
+
     /// The registry as OpenMetrics text (ends with `# EOF`).
     pub fn encode(&self) -> String {
         let mut out = String::new();

@@ -173,9 +173,13 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         }
         None => device_health::start(
             args.nvml_lib.clone(),
-            recorder.clone(),
-            node_ref.clone(),
-            metrics.clone(),
+            gpus.clone(),
+            args.xid_heal_after,
+            device_health::Reporting {
+                recorder: recorder.clone(),
+                node_ref: node_ref.clone(),
+                metrics: metrics.clone(),
+            },
         ),
     };
     // --plugin dra: the applied devices (sent after each apply) the kubelet plugin prepares
@@ -223,6 +227,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             })
         }),
         dra,
+        faults: faults.clone(),
+        taint_effect: args.xid_taint_effect,
         node_write_failures: Default::default(),
         node_write_refused: Default::default(),
         cdi_refresh: args

@@ -90,6 +90,10 @@ pub struct Reconciler {
     pub plugins: Option<PluginManager>,
     /// `--plugin dra`: publishes the node's ResourceSlices after each apply (`super::dra`).
     pub dra: Option<crate::dra::publish::Publisher>,
+    /// The devices faulted by critical XIDs now: `--plugin dra` publishes them tainted.
+    pub faults: crate::gpu::xid::Faults,
+    /// `--xid-taint-effect`: what the fault taint does.
+    pub taint_effect: crate::dra::taints::TaintEffect,
     /// `--plugin dra`: which instances on dynamic-MIG GPUs claims made (the others are out of
     /// band), as the kubelet plugin journals them.
     pub mig_journal: Option<crate::dra::kubelet_plugin::mig_journal::SharedMigJournal>,

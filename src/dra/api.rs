@@ -32,6 +32,8 @@ pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
 pub const MAX_COUNTERS_PER_SET: usize = 32;
 /// `Device`: "The maximum number of attributes and capacities combined is 32."
 pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
+/// `Device.taints`: at most 16 (`DeviceTaintsMaxLength`, Kubernetes 1.36).
+pub const MAX_TAINTS_PER_DEVICE: usize = 16;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -79,6 +81,25 @@ pub struct Device {
     pub capacity: BTreeMap<String, DeviceCapacity>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub consumes_counters: Vec<DeviceCounterConsumption>,
+    /// Claims that do not tolerate a taint are not allocated the device (`DRADeviceTaints`,
+    /// beta and on by default in Kubernetes 1.36; a server with the gate off drops the field).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<DeviceTaint>,
+}
+
+/// `DeviceTaint` of resource.k8s.io/v1: the key a label name, the value a label value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceTaint {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub value: String,
+    /// `NoSchedule`, `NoExecute` or `None`.
+    pub effect: String,
+    /// RFC 3339, to the second; the server sets it when left out, so gpu-share sends it (the
+    /// fault's time) to keep what it sends equal to what the server stores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_added: Option<String>,
 }
 
 /// Exactly one of the value fields set, as the API wants (`{int: 3}`, `{string: mig}`). A

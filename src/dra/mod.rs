@@ -25,6 +25,7 @@ pub mod dynamic;
 pub mod kubelet_plugin;
 pub mod pool;
 pub mod publish;
+pub mod taints;
 
 use std::collections::BTreeMap;
 
@@ -178,7 +179,7 @@ struct GpuDevices {
 /// Slices as (devices, counter sets). resource.k8s.io/v1 lets a slice hold devices or
 /// counter sets, never both, and resolves a device's `consumesCounters` by counter-set name
 /// within the pool: the devices go first, GPUs in order, a new slice started before 128 devices
-/// (64 once one of them consumes counters); then the counter sets, 8 to a slice. A node without
+/// (64 once one of them consumes counters or is tainted); then the counter sets, 8 to a slice. A node without
 /// MIG GPUs has device slices only, so their names stay as before.
 fn pack(groups: Vec<GpuDevices>) -> Vec<(Vec<Device>, Vec<CounterSet>)> {
     let mut slices: Vec<(Vec<Device>, Vec<CounterSet>)> = Vec::new();
@@ -190,7 +191,7 @@ fn pack(groups: Vec<GpuDevices>) -> Vec<(Vec<Device>, Vec<CounterSet>)> {
             let consuming = current
                 .iter()
                 .chain([&device])
-                .any(|d| !d.consumes_counters.is_empty());
+                .any(|d| !d.consumes_counters.is_empty() || !d.taints.is_empty());
             let limit = if consuming {
                 api::MAX_DEVICES_PER_SLICE_CONSUMING_COUNTERS
             } else {
@@ -434,6 +435,7 @@ impl<'a> Parent<'a> {
             attributes: BTreeMap::new(),
             capacity: BTreeMap::new(),
             consumes_counters: Vec::new(),
+            taints: Vec::new(),
         };
         string(&mut device, "sharing", sharing);
         string(&mut device, "productName", self.product);

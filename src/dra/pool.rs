@@ -194,6 +194,25 @@ pub fn counters_dropped(sent: &ResourceSlice, stored: &ResourceSlice) -> bool {
     sets_dropped || consumption_dropped
 }
 
+/// Whether the API server stored `sent` without the taints of one of its devices: what a
+/// server with `DRADeviceTaints` off does (`dropDisabledDRADeviceTaintsFields`,
+/// pkg/registry/resource/resourceslice/strategy.go, 1.36) and, as with counters, only the stored
+/// object tells.
+pub fn taints_dropped(sent: &ResourceSlice, stored: &ResourceSlice) -> bool {
+    sent.spec
+        .devices
+        .iter()
+        .filter(|d| !d.taints.is_empty())
+        .any(|d| {
+            stored
+                .spec
+                .devices
+                .iter()
+                .find(|s| s.name == d.name)
+                .is_none_or(|s| s.taints.is_empty())
+        })
+}
+
 /// The Node as the owner of its slices: they go when the Node object goes (garbage
 /// collection), as the kubelet's DRA helper does for node-local pools.
 pub fn node_owner(node_name: &str, node_uid: &str) -> OwnerReference {

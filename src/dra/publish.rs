@@ -16,6 +16,13 @@
 //! dynamic-MIG GPUs whole only, so no overlapping placements are ever offered. Written first,
 //! the counter slices leave the aborted generation incomplete: the scheduler allocates nothing
 //! from it before the pool without counters replaces it.
+//!
+//! Taints ([`super::taints`]) are found dropped the same way (`DRADeviceTaints` off, the default
+//! before 1.36): slices with a tainted device are written right after the counter slices, and
+//! at the first answer without its taints the publisher stops and from then on publishes
+//! [`super::taints::without_tainted`]: faulted devices withdrawn instead of tainted. Until that
+//! next write (milliseconds) a faulted device stands untainted, as every device did before
+//! taints existed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -45,6 +52,10 @@ pub struct Publisher {
     counters_dropped: AtomicBool,
     /// A publish has reported that ([`Outcome::CountersDropped`]), once.
     drop_reported: AtomicBool,
+    /// The API server was found dropping device taints: publish faulted devices withdrawn.
+    taints_dropped: AtomicBool,
+    /// A publish has reported that ([`Outcome::TaintsDropped`]), once.
+    taints_drop_reported: AtomicBool,
     published: Published,
 }
 
@@ -60,6 +71,10 @@ pub enum Outcome {
     /// without them and without dynamic MIG placements ([`super::without_counters`]), as every
     /// later publish will be. Reported once.
     CountersDropped { generation: i64 },
+    /// The API server was found dropping device taints (`DRADeviceTaints` off): the pool was
+    /// rewritten (or already stood) at this generation with the faulted devices withdrawn
+    /// instead of tainted, as every later publish will be. Reported once.
+    TaintsDropped { generation: i64 },
 }
 
 /// What one write of the pool did.
@@ -70,6 +85,8 @@ enum Wrote {
     },
     /// Stopped at the first slice the server stored without its counters.
     CountersDropped,
+    /// Stopped at the first slice the server stored without its devices' taints.
+    TaintsDropped,
 }
 
 impl Publisher {
@@ -88,6 +105,8 @@ impl Publisher {
             last_generation: Mutex::new(0),
             counters_dropped: AtomicBool::new(false),
             drop_reported: AtomicBool::new(false),
+            taints_dropped: AtomicBool::new(false),
+            taints_drop_reported: AtomicBool::new(false),
             published,
         }
     }
@@ -99,20 +118,28 @@ impl Publisher {
 
     /// Make the API's pool equal to `desired` ([`super::resource_slices`]; its generation is
     /// replaced by the pool's next one when anything changes).
-    /// On a server found dropping counters, `desired` is published without them.
+    /// On a server found dropping counters, `desired` is published without them; on one found
+    /// dropping taints, without its tainted devices.
     pub async fn publish(&self, desired: Vec<ResourceSlice>) -> Result<Outcome, kube::Error> {
         let mut desired = self.as_the_server_keeps(desired);
         loop {
             let existing = self.list().await?;
             let outcome = match self.write(&existing, desired.clone()).await? {
-                Wrote::Nothing => Outcome::Unchanged,
-                Wrote::Pool { generation } if self.drop_unreported() => {
-                    Outcome::CountersDropped { generation }
+                Wrote::Nothing => {
+                    let generation = existing.first().map_or(0, |s| s.spec.pool.generation);
+                    self.unreported(generation).unwrap_or(Outcome::Unchanged)
                 }
-                Wrote::Pool { generation } => Outcome::Written { generation },
-                // Once: the pool without counters has none to drop.
+                Wrote::Pool { generation } => self
+                    .unreported(generation)
+                    .unwrap_or(Outcome::Written { generation }),
+                // Once each: the pool without counters has none to drop, nor without taints.
                 Wrote::CountersDropped => {
                     self.found_counters_dropped();
+                    desired = self.as_the_server_keeps(desired);
+                    continue;
+                }
+                Wrote::TaintsDropped => {
+                    self.found_taints_dropped();
                     desired = self.as_the_server_keeps(desired);
                     continue;
                 }
@@ -123,19 +150,41 @@ impl Publisher {
     }
 
     /// `slices` as this publisher writes them: without counters once the server was found
-    /// dropping them.
+    /// dropping them, without tainted devices once it was found dropping taints.
     fn as_the_server_keeps(&self, slices: Vec<ResourceSlice>) -> Vec<ResourceSlice> {
-        if self.counters_dropped.load(Ordering::Relaxed) {
+        let slices = if self.counters_dropped.load(Ordering::Relaxed) {
             super::without_counters(&slices)
+        } else {
+            slices
+        };
+        if self.taints_dropped.load(Ordering::Relaxed) {
+            super::taints::without_tainted(&slices)
         } else {
             slices
         }
     }
 
-    /// True once after the server was found dropping counters.
-    fn drop_unreported(&self) -> bool {
-        self.counters_dropped.load(Ordering::Relaxed)
-            && !self.drop_reported.swap(true, Ordering::Relaxed)
+    /// A loss found and not reported yet, as the outcome that reports it (counters first; a
+    /// taint loss found by the same publish is reported by the next).
+    fn unreported(&self, generation: i64) -> Option<Outcome> {
+        let once = |found: &AtomicBool, reported: &AtomicBool| {
+            found.load(Ordering::Relaxed) && !reported.swap(true, Ordering::Relaxed)
+        };
+        if once(&self.counters_dropped, &self.drop_reported) {
+            Some(Outcome::CountersDropped { generation })
+        } else if once(&self.taints_dropped, &self.taints_drop_reported) {
+            Some(Outcome::TaintsDropped { generation })
+        } else {
+            None
+        }
+    }
+
+    fn found_taints_dropped(&self) {
+        self.taints_dropped.store(true, Ordering::Relaxed);
+        warn!(
+            "the API server dropped the devices' taints (feature gate DRADeviceTaints off): \
+             faulted devices are withdrawn from the ResourceSlices instead of tainted"
+        );
     }
 
     fn found_counters_dropped(&self) {
@@ -165,6 +214,7 @@ impl Publisher {
             // The aborted generation is incomplete, so nothing of the pool is allocatable
             // until the publish after the apply writes it without counters.
             Wrote::CountersDropped => self.found_counters_dropped(),
+            Wrote::TaintsDropped => self.found_taints_dropped(),
         }
         Ok(gone.into_iter().collect())
     }
@@ -178,7 +228,9 @@ impl Publisher {
         existing: &[ResourceSlice],
     ) {
         let generation = match outcome {
-            Outcome::Written { generation } | Outcome::CountersDropped { generation } => generation,
+            Outcome::Written { generation }
+            | Outcome::CountersDropped { generation }
+            | Outcome::TaintsDropped { generation } => generation,
             Outcome::Unchanged => existing.first().map_or(0, |s| s.spec.pool.generation),
         };
         for slice in &mut slices {
@@ -212,11 +264,13 @@ impl Publisher {
         let Some(update) = pool::pool_update(existing, desired, &self.owner, floor) else {
             return Ok(Wrote::Nothing);
         };
-        let complete = self.carry_out(&update).await;
+        let carried = self.carry_out(&update).await;
         // Even a write cut short used this generation: the next one goes above it.
         *self.last_generation.lock().expect("not poisoned") = update.generation;
-        if !complete? {
-            return Ok(Wrote::CountersDropped);
+        match carried? {
+            Carried::All => {}
+            Carried::StoppedAt(Lost::Counters) => return Ok(Wrote::CountersDropped),
+            Carried::StoppedAt(Lost::Taints) => return Ok(Wrote::TaintsDropped),
         }
         info!(
             generation = update.generation,
@@ -230,24 +284,33 @@ impl Publisher {
         })
     }
 
-    /// Creates and replaces first, slices with counter sets before the others, deletes last
-    /// (see the module doc); a slice already gone is not an error. False when the server
-    /// stored a slice without its counters: the rest is not written.
-    async fn carry_out(&self, update: &PoolUpdate) -> Result<bool, kube::Error> {
+    /// Creates and replaces first, slices with counter sets before those with a tainted
+    /// device before the others, deletes last (see the module doc); a slice already gone is not
+    /// an error. Stops at the first slice the server stored without its counters or taints:
+    /// the rest is not written.
+    async fn carry_out(&self, update: &PoolUpdate) -> Result<Carried, kube::Error> {
         let post = crate::field_manager::post(crate::field_manager::AGENT);
-        for counter_slices in [true, false] {
-            let ours = |s: &&ResourceSlice| s.spec.shared_counters.is_empty() != counter_slices;
-            for slice in update.create.iter().filter(ours) {
+        let turn = |s: &ResourceSlice| {
+            if !s.spec.shared_counters.is_empty() {
+                0
+            } else if s.spec.devices.iter().any(|d| !d.taints.is_empty()) {
+                1
+            } else {
+                2
+            }
+        };
+        for pass in 0..3 {
+            for slice in update.create.iter().filter(|s| turn(s) == pass) {
                 let stored = self.api.create(&post, slice).await?;
-                if pool::counters_dropped(slice, &stored) {
-                    return Ok(false);
+                if let Some(lost) = lost_in(slice, &stored) {
+                    return Ok(Carried::StoppedAt(lost));
                 }
             }
-            for slice in update.replace.iter().filter(ours) {
+            for slice in update.replace.iter().filter(|s| turn(s) == pass) {
                 let name = slice.metadata.name.as_deref().unwrap_or_default();
                 let stored = self.api.replace(name, &post, slice).await?;
-                if pool::counters_dropped(slice, &stored) {
-                    return Ok(false);
+                if let Some(lost) = lost_in(slice, &stored) {
+                    return Ok(Carried::StoppedAt(lost));
                 }
             }
         }
@@ -258,6 +321,28 @@ impl Publisher {
                 Err(e) => return Err(e),
             }
         }
-        Ok(true)
+        Ok(Carried::All)
+    }
+}
+
+/// How far a write of the pool got.
+enum Carried {
+    All,
+    StoppedAt(Lost),
+}
+
+/// What the server left out of a slice it stored.
+enum Lost {
+    Counters,
+    Taints,
+}
+
+fn lost_in(sent: &ResourceSlice, stored: &ResourceSlice) -> Option<Lost> {
+    if pool::counters_dropped(sent, stored) {
+        Some(Lost::Counters)
+    } else if pool::taints_dropped(sent, stored) {
+        Some(Lost::Taints)
+    } else {
+        None
     }
 }

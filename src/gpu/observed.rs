@@ -132,6 +132,16 @@ impl ObservedGpu {
 pub const MAX_SIMULATED_GPUS: u32 = 16;
 
 impl ObservedNode {
+    /// Whether NVML lists a GPU or a MIG device (compute instance) with this UUID.
+    pub fn lists(&self, uuid: &str) -> bool {
+        self.gpus.iter().any(|g| {
+            g.uuid.as_deref() == Some(uuid)
+                || g.compute_instances
+                    .iter()
+                    .any(|c| c.uuid.as_deref() == Some(uuid))
+        })
+    }
+
     /// A simulated node from `--gpu` specs such as `h100x4`, `H200`, `"NVIDIA GeForce RTX 3090x2"`.
     ///
     /// # Panics

@@ -1,7 +1,9 @@
 //! Device health from XID errors: an NVML event set watches every GPU for critical XIDs, and a
-//! device that raises one is unhealthy until the agent restarts, as in NVIDIA's device plugin
-//! (`internal/rm/health.go` in NVIDIA/k8s-device-plugin v0.17+; a GPU that raised a critical
-//! XID needs a person, usually a reset, before it is trusted again).
+//! device that raises one is unhealthy. NVIDIA's device plugin keeps it so until it restarts
+//! (`internal/rm/health.go` in NVIDIA/k8s-device-plugin v0.17+), so a transient fault takes a
+//! GPU away for good; here a fault can also heal: [`Faults::heal`] forgets the devices that
+//! raised no critical XID for a window and that NVML still answers for (the agent's
+//! `--xid-heal-after`; see `agent::device_health`).
 //!
 //! An XID on a MIG device (the event carries its GPU-instance and compute-instance ids) faults
 //! that MIG device only; one on the whole GPU faults the GPU and every MIG device on it.
@@ -11,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::{Device, Nvml};
@@ -60,20 +62,29 @@ impl Fault {
             None => format!("GPU {} (and any MIG device on it)", self.gpu_uuid),
         };
         format!(
-            "{scope} raised critical XID {}; it is reported unhealthy to the kubelet, so no new \
-             pod gets it, until the agent restarts (check `nvidia-smi -q` and the kernel log; \
-             a GPU reset is usually needed)",
+            "{scope} raised critical XID {}; it is reported unhealthy to the kubelet (under \
+             --plugin dra also tainted), so no new pod gets it, until it raises no critical XID \
+             for the agent's --xid-heal-after while NVML still answers for it, or the agent \
+             restarts (check `nvidia-smi -q` and the kernel log; a GPU reset is often needed)",
             self.xid
         )
     }
 }
 
-/// The devices faulted since the agent started. Cheap to clone; clones share the record and
-/// its change signal.
+/// The devices faulted now: since the agent started, less those healed. Cheap to clone; clones
+/// share the record and its change signal.
 #[derive(Debug, Clone)]
 pub struct Faults {
-    by_device: Arc<Mutex<BTreeMap<String, Fault>>>,
+    by_device: Arc<Mutex<BTreeMap<String, Record>>>,
     changed: watch::Sender<usize>,
+}
+
+/// One faulted device: its first fault, when that came, and when the last critical XID came.
+#[derive(Debug, Clone)]
+struct Record {
+    fault: Fault,
+    since: SystemTime,
+    last: Instant,
 }
 
 impl Default for Faults {
@@ -86,11 +97,24 @@ impl Default for Faults {
 }
 
 impl Faults {
-    /// Record `fault`; true if its device was not faulted before.
+    /// Record `fault`; true if its device was not faulted before. A repeated fault keeps the
+    /// first one's XID and time but starts the quiet window again.
     pub fn record(&self, fault: Fault) -> bool {
         let mut by_device = self.lock();
-        let new = !by_device.contains_key(fault.device());
-        by_device.entry(fault.device().to_string()).or_insert(fault);
+        let now = Instant::now();
+        let new = match by_device.get_mut(fault.device()) {
+            Some(record) => {
+                record.last = now;
+                false
+            }
+            None => {
+                let device = fault.device().to_string();
+                let since = SystemTime::now();
+                let last = now;
+                by_device.insert(device, Record { fault, since, last });
+                true
+            }
+        };
         let count = by_device.len();
         drop(by_device);
         if new {
@@ -99,12 +123,50 @@ impl Faults {
         new
     }
 
-    /// Every fault, by device.
-    pub fn all(&self) -> Vec<Fault> {
-        self.lock().values().cloned().collect()
+    /// Every fault with the time its device was first faulted.
+    pub fn all_since(&self) -> Vec<(Fault, SystemTime)> {
+        self.lock()
+            .values()
+            .map(|r| (r.fault.clone(), r.since))
+            .collect()
     }
 
-    /// Wakes whenever a device is newly faulted (the value: how many are).
+    /// The faulted devices (`Fault::device`) whose last critical XID is at least `quiet` ago.
+    pub fn quiet_for(&self, quiet: Duration) -> Vec<String> {
+        self.lock()
+            .iter()
+            .filter(|(_, r)| r.last.elapsed() >= quiet)
+            .map(|(device, _)| device.clone())
+            .collect()
+    }
+
+    /// Forget the faults of `devices` that are still quiet for `quiet` (a new XID since
+    /// [`Faults::quiet_for`] keeps a device faulted); returns the healed faults.
+    pub fn heal(&self, devices: &[String], quiet: Duration) -> Vec<Fault> {
+        let mut by_device = self.lock();
+        let mut healed = Vec::new();
+        for device in devices {
+            if by_device
+                .get(device)
+                .is_some_and(|r| r.last.elapsed() >= quiet)
+            {
+                healed.extend(by_device.remove(device).map(|r| r.fault));
+            }
+        }
+        let count = by_device.len();
+        drop(by_device);
+        if !healed.is_empty() {
+            self.changed.send_replace(count);
+        }
+        healed
+    }
+
+    /// Every fault, by device.
+    pub fn all(&self) -> Vec<Fault> {
+        self.lock().values().map(|r| r.fault.clone()).collect()
+    }
+
+    /// Wakes whenever a device is newly faulted or healed (the value: how many are faulted).
     pub fn subscribe(&self) -> watch::Receiver<usize> {
         self.changed.subscribe()
     }
@@ -126,7 +188,7 @@ impl Faults {
         healthy
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Fault>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Record>> {
         self.by_device.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -249,6 +311,48 @@ mod tests {
             mig_uuid: mig.map(str::to_string),
             xid: 79,
         }
+    }
+
+    #[test]
+    fn a_fault_heals_only_after_its_quiet_window_and_a_repeat_restarts_the_window() {
+        let faults = Faults::default();
+        let mut changes = faults.subscribe();
+        assert!(faults.record(fault("GPU-a", None)));
+        assert!(changes.has_changed().unwrap());
+        changes.borrow_and_update();
+        let window = Duration::from_millis(200);
+        assert!(faults.quiet_for(window).is_empty(), "just faulted");
+        assert!(faults.heal(&["GPU-a".into()], window).is_empty());
+        std::thread::sleep(window);
+        assert_eq!(faults.quiet_for(window), ["GPU-a"]);
+        // A repeat before the heal: the window starts again, the first fault's time stays.
+        let first = faults.all_since()[0].1;
+        assert!(!faults.record(Fault {
+            xid: 48,
+            ..fault("GPU-a", None)
+        }));
+        assert!(
+            faults.heal(&["GPU-a".into()], window).is_empty(),
+            "faulted again"
+        );
+        assert_eq!(faults.all_since()[0], (fault("GPU-a", None), first));
+        assert!(
+            !changes.has_changed().unwrap(),
+            "a repeat changes nothing published"
+        );
+        std::thread::sleep(window);
+        assert_eq!(
+            faults.heal(&["GPU-a".into()], window),
+            [fault("GPU-a", None)]
+        );
+        assert!(faults.all().is_empty());
+        assert!(
+            changes.has_changed().unwrap(),
+            "a heal wakes the publishers"
+        );
+        // Faulted again later: a new fault, with a new time.
+        assert!(faults.record(fault("GPU-a", None)));
+        assert!(faults.all_since()[0].1 > first);
     }
 
     #[test]

@@ -110,6 +110,7 @@ mod tests {
                 .collect(),
             capacity: BTreeMap::new(),
             consumes_counters: Vec::new(),
+            taints: Vec::new(),
         }
     }
 

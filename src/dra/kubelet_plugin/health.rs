@@ -22,12 +22,9 @@ use super::api::health::{
     DeviceHealth, DeviceIdentifier, HealthStatus, NodeWatchResourcesRequest,
     NodeWatchResourcesResponse,
 };
-use crate::dra::api::{Device, ResourceSlice};
+use crate::dra::api::ResourceSlice;
+use crate::dra::taints::fault_of;
 use crate::gpu::xid::{Fault, Faults};
-
-/// The attributes naming the NVML devices a published device stands on (see `dra::resource_slices`):
-/// its own UUID, the MIG device a share uses, the GPU it is part of.
-const UUID_ATTRIBUTES: [&str; 3] = ["uuid", "migUUID", "parentUUID"];
 
 /// The health service: the published slices and the XID faults.
 #[derive(Clone)]
@@ -36,23 +33,17 @@ pub struct HealthService {
     pub faults: Faults,
 }
 
-/// The fault that makes `device` unhealthy, if any.
-fn fault_of(device: &Device, faults: &[Fault]) -> Option<Fault> {
-    let uuids: Vec<&str> = UUID_ATTRIBUTES
-        .iter()
-        .filter_map(|k| device.attributes.get(*k)?.string.as_deref())
-        .collect();
-    faults.iter().find(|f| uuids.contains(&f.device())).cloned()
-}
-
 /// One message: every device of `slices` with its health now.
-pub fn health_of(slices: &[ResourceSlice], faults: &[Fault]) -> NodeWatchResourcesResponse {
+pub fn health_of(
+    slices: &[ResourceSlice],
+    faults: &[(Fault, SystemTime)],
+) -> NodeWatchResourcesResponse {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
     let devices = slices.iter().flat_map(|slice| {
         slice.spec.devices.iter().map(move |device| {
-            let fault = fault_of(device, faults);
+            let fault = fault_of(device, faults).map(|(f, _)| f);
             DeviceHealth {
                 device: Some(DeviceIdentifier {
                     pool_name: slice.spec.pool.name.clone(),
@@ -88,7 +79,7 @@ impl DraResourceHealth for HealthService {
         let mut faulted = faults.subscribe();
         tokio::spawn(async move {
             loop {
-                let message = health_of(&slices.borrow_and_update(), &faults.all());
+                let message = health_of(&slices.borrow_and_update(), &faults.all_since());
                 if tx.send(Ok(message)).await.is_err() {
                     return; // the kubelet closed the stream
                 }
@@ -106,7 +97,7 @@ impl DraResourceHealth for HealthService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dra::api::DeviceAttribute;
+    use crate::dra::api::{Device, DeviceAttribute};
 
     fn device(name: &str, attributes: &[(&str, &str)]) -> Device {
         Device {
@@ -117,6 +108,7 @@ mod tests {
                 .collect(),
             capacity: Default::default(),
             consumes_counters: Vec::new(),
+            taints: Vec::new(),
         }
     }
 
@@ -133,8 +125,9 @@ mod tests {
                 mig_uuid: None,
                 xid: 79,
             },
-        ];
-        let sick = |d: &Device| fault_of(d, &faults).map(|f| f.xid);
+        ]
+        .map(|f| (f, SystemTime::now()));
+        let sick = |d: &Device| fault_of(d, &faults).map(|(f, _)| f.xid);
         let mig = device("gpu-0-mig-0", &[("uuid", "MIG-a"), ("parentUUID", "GPU-0")]);
         let other_mig = device("gpu-0-mig-1", &[("uuid", "MIG-b"), ("parentUUID", "GPU-0")]);
         let mig_share = device("gpu-0-mig-0-share-1", &[("migUUID", "MIG-a")]);

@@ -88,7 +88,8 @@ pub struct Inputs {
 /// (re)registered the plugin (a restarted kubelet deleted the node's slices first: a pod waited
 /// 3 min 54 s for the next resync on a real 1.36 node), or a Prepare met a MIG instance made
 /// out of band on a dynamic GPU (the devices it overlaps are withdrawn by the reconcile, which
-/// would otherwise find it only at its next resync while the scheduler keeps allocating them).
+/// would otherwise find it only at its next resync while the scheduler keeps allocating them),
+/// or a device was faulted or healed (its taint goes on or off at once: `dra::taints`).
 #[derive(Debug, Clone)]
 pub struct RepublishRequests(Arc<watch::Sender<u64>>);
 
@@ -129,6 +130,17 @@ pub enum StartError {
     },
 }
 
+/// Each newly faulted or healed device asks for a republish, so its taint is written now and
+/// not at the next resync.
+fn republish_on_faults(faults: &crate::gpu::xid::Faults, republish: RepublishRequests) {
+    let mut changed = faults.subscribe();
+    tokio::spawn(async move {
+        while changed.changed().await.is_ok() {
+            republish.request();
+        }
+    });
+}
+
 impl KubeletPlugin {
     /// Recover from the checkpoint (see [`Preparer::recover`]), serve the DRA socket, then the
     /// registration socket (the kubelet dials the DRA socket as soon as it reads `GetInfo`).
@@ -139,6 +151,7 @@ impl KubeletPlugin {
     ) -> Result<KubeletPlugin, StartError> {
         let dra_socket = settings.plugin_dir.join(DRA_SOCKET);
         let republish = inputs.dynamic_mig.republish.clone();
+        republish_on_faults(&inputs.faults, republish.clone());
         let health = HealthService {
             slices: inputs.slices.clone(),
             faults: inputs.faults,
