@@ -44,7 +44,9 @@
 # gpu.gpu-share.dev/xid=48:NoSchedule; a pod whose claim asks for D by UUID stays Pending (the
 # scheduler's reason printed), one whose claim also tolerates the taint runs on D, a plain
 # 1g.10gb pod gets another device; 20 s later the taint is gone (DeviceHealed) and the pending
-# pod runs on D.
+# pod runs on D. 14. (only with the test bed started as `FEATURE_GATES=DRADeviceTaints=false
+# ./start.sh`) the same XID: the server drops the taint, the agent withdraws D instead (Event
+# TaintsDropped), a 1g.10gb pod runs on another device, D comes back after the heal.
 # Results of the session that wrote it: its closing note (issues stops).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -85,6 +87,22 @@ events.append(e)
 json.dump(s, open(path + ".tmp", "w")); os.rename(path + ".tmp", path)
 PY
 }
+
+# "uuid gi ci" of published MIG device $1 (its UUID from the slices, its ids from the fake NVML).
+mig_ids() {
+  python3 - "$W/nvml.json" "$1" "$($K get resourceslices -o json)" <<'PY'
+import json, sys
+state, device, slices = json.load(open(sys.argv[1])), sys.argv[2], json.loads(sys.argv[3])
+uuid = next(d["attributes"]["uuid"]["string"] for s in slices["items"] for d in s["spec"].get("devices", []) if d["name"] == device)
+for g in state["gpus"]:
+    for gi in g.get("gpu_instances", []):
+        for ci in gi.get("compute_instances", []):
+            if ci.get("uuid") == uuid:
+                print(uuid, gi["id"], ci["id"])
+PY
+}
+# A feature gate of the apiserver as start.sh set it ("" = the default).
+gate() { tr '\0' '\n' < "/proc/$(cat "$TESTBED_DIR/run/kube-apiserver.pid")/cmdline" | grep -o "$1=[a-z]*" | cut -d= -f2; }
 
 # Start the agent (fresh state and NVML each time) with extra flags; port $1.
 agent() {
@@ -262,18 +280,7 @@ claim=$($K get pod dra-mig -o jsonpath='{.status.resourceClaimStatuses[0].resour
 device=$($K get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')
 echo "claim $claim got $device"
 echo "allocatedResourcesStatus: $($K get pod dra-mig -o jsonpath='{.status.containerStatuses[0].allocatedResourcesStatus}')"
-# The allocated MIG device's GI/CI from the published attributes and NVML's state.
-read -r gi ci < <(python3 - "$W/nvml.json" "$device" "$($K get resourceslices -o json)" <<'PY'
-import json, sys
-state, device, slices = json.load(open(sys.argv[1])), sys.argv[2], json.loads(sys.argv[3])
-uuid = next(d["attributes"]["uuid"]["string"] for s in slices["items"] for d in s["spec"]["devices"] if d["name"] == device)
-for g in state["gpus"]:
-    for gi in g.get("gpu_instances", []):
-        for ci in gi.get("compute_instances", []):
-            if ci.get("uuid") == uuid:
-                print(gi["id"], ci["id"])
-PY
-)
+read -r _ gi ci < <(mig_ids "$device")
 t0=$(date +%s.%N)
 raise_xid 0 48 "$gi" "$ci"
 for _ in $(seq 1 60); do
@@ -484,17 +491,7 @@ pod taint-first mig-1g-10gb
 $K wait --for=condition=Ready pod/taint-first --timeout=60s >/dev/null
 D=$(device_of taint-first); echo "first fit gave $D"
 $K delete pod taint-first --wait=true --timeout=30s >/dev/null
-read -r uuid gi ci < <(python3 - "$W/nvml.json" "$D" "$($K get resourceslices -o json)" <<'PY'
-import json, sys
-state, device, slices = json.load(open(sys.argv[1])), sys.argv[2], json.loads(sys.argv[3])
-uuid = next(d["attributes"]["uuid"]["string"] for s in slices["items"] for d in s["spec"].get("devices", []) if d["name"] == device)
-for g in state["gpus"]:
-    for gi in g.get("gpu_instances", []):
-        for ci in gi.get("compute_instances", []):
-            if ci.get("uuid") == uuid:
-                print(uuid, gi["id"], ci["id"])
-PY
-)
+read -r uuid gi ci < <(mig_ids "$D")
 t0=$(date +%s.%N)
 raise_xid 0 48 "$gi" "$ci"
 taint_of() { $K get resourceslices -o json | python3 -c '
@@ -546,6 +543,41 @@ $K wait --for=condition=Ready pod/wants-d --timeout=90s >/dev/null && echo "want
 $K delete pod wants-d taint-next --wait=true --timeout=30s >/dev/null; $K delete resourceclaim wants-d >/dev/null
 $K label node "$NODE" gpu-share.dev/profile- >/dev/null
 stop_agent
+fi
+
+if want 14 && [ "$(gate DRADeviceTaints)" = false ]; then
+echo "== 14. DRADeviceTaints off: a faulted MIG device withdrawn instead of tainted"
+$K apply -f "$ROOT/deploy/overlays/dra/device-classes.yaml" >/dev/null
+$K apply -n default -f "$ROOT/deploy/examples/dra/resource-claim-templates.yaml" >/dev/null
+$K -n gpu-share create configmap gpu-share-profiles \
+  --from-literal=mig="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {1g.10gb: 7}\n- devices: [1]\n  exclusive: true\n')" \
+  --dry-run=client -o yaml | $K apply -f - >/dev/null
+agent 19614 --plugin dra --cdi-root "$W/cdi" --dra-plugin-dir "$W/dra" --xid-heal-after 20s \
+  --pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock
+$K label node "$NODE" gpu-share.dev/profile=mig --overwrite >/dev/null
+wait_state success 60; echo "state $(state): $(reason)"
+sleep 1
+names() { $K get resourceslices -o jsonpath='{.items[*].spec.devices[*].name}' | tr ' ' '\n' | sort; }
+D=gpu-0-mig-0-1g-10gb
+echo "devices published: $(names | wc -l), $D among them: $(names | grep -c "^$D$")"
+read -r uuid gi ci < <(mig_ids "$D")
+t0=$(date +%s.%N)
+raise_xid 0 48 "$gi" "$ci"
+for _ in $(seq 1 40); do names | grep -q "^$D$" || break; sleep 0.25; done
+echo "XID 48 on $D: withdrawn after $(echo "$(date +%s.%N) - $t0" | bc) s; devices published: $(names | wc -l)"
+echo "stored taints anywhere: $($K get resourceslices -o jsonpath='{.items[*].spec.devices[*].taints}')"
+$K get events.events.k8s.io -A --field-selector reason=TaintsDropped -o jsonpath='{range .items[*]}{.type} {.reason}: {.note}{"\n"}{end}' | tail -1 | cut -c1-300
+pod gate-off-next mig-1g-10gb
+$K wait --for=condition=Ready pod/gate-off-next --timeout=60s >/dev/null
+c=$($K get pod gate-off-next -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
+echo "gate-off-next Ready on $($K get resourceclaim "$c" -o jsonpath='{.status.allocation.devices.results[0].device}')"
+for _ in $(seq 1 60); do names | grep -q "^$D$" && break; sleep 1; done
+echo "after $(echo "$(date +%s.%N) - $t0" | bc) s: $D published again: $(names | grep -c "^$D$")"
+$K delete pod gate-off-next --wait=true --timeout=30s >/dev/null
+$K label node "$NODE" gpu-share.dev/profile- >/dev/null
+stop_agent
+elif want 14; then
+echo "== 14. skipped: the test bed runs with DRADeviceTaints on (start it with FEATURE_GATES=DRADeviceTaints=false)"
 fi
 
 if want 9 && [ "$(gate_pd)" = false ]; then
