@@ -600,6 +600,30 @@ fn events_of(api: &KubeDouble, reason: &str) -> Vec<k8s_openapi::api::events::v1
         .collect()
 }
 
+/// Node `name` (8 H100s, MIG on) with its agent under `--plugin dra --xid-heal-after 3s`
+/// (resync 300 s, so only a fault or a heal republishes), h100-inference applied and the XID
+/// watch running.
+fn healing_node(api: &Arc<KubeDouble>, name: &str) -> AgentNode {
+    profiles_configmap(api, &["h100-inference"], &[]);
+    let mut node = AgentNode::new(api, name, gpus("h100", 8, true));
+    let flags = [
+        "--plugin",
+        "dra",
+        "--xid-heal-after",
+        "3s",
+        "--resync-period",
+        "300s",
+    ];
+    node.start_agent(&flags, &[]);
+    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-inference"));
+    wait_applied(api, &node, "h100-inference", Duration::from_secs(30));
+    let watching = poll(Duration::from_secs(30), Duration::from_millis(50), || {
+        node.log().contains("watching for critical XID errors")
+    });
+    assert!(watching, "no XID watch\n{}", node.log());
+    node
+}
+
 /// A critical XID on a MIG device taints that device alone in the API (key
 /// gpu.gpu-share.dev/xid, the XID as value, NoSchedule, the fault's time), at once and not at
 /// the next resync; after `--xid-heal-after` without another XID, NVML still listing the device,
@@ -607,27 +631,8 @@ fn events_of(api: &KubeDouble, reason: &str) -> Vec<k8s_openapi::api::events::v1
 #[test]
 fn a_faulted_device_is_tainted_and_the_taint_goes_when_it_heals() {
     let api = Arc::new(KubeDouble::start());
-    profiles_configmap(&api, &["h100-inference"], &[]);
-    let mut node = AgentNode::new(&api, "dra-taint", gpus("h100", 8, true));
-    node.start_agent(
-        &[
-            "--plugin",
-            "dra",
-            "--xid-heal-after",
-            "3s",
-            "--resync-period",
-            "300s",
-        ],
-        &[],
-    );
-    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-inference"));
-    wait_applied(&api, &node, "h100-inference", Duration::from_secs(30));
+    let node = healing_node(&api, "dra-taint");
     assert_published_as_planned(&api, &node, "h100-inference");
-    assert!(poll(
-        Duration::from_secs(30),
-        Duration::from_millis(50),
-        || { node.log().contains("watching for critical XID errors") }
-    ));
     assert!(taints_of(&api, &node.name).is_empty());
 
     let mig = raise_xid(&node, 0, 48, true);
@@ -688,27 +693,8 @@ fn a_faulted_device_is_tainted_and_the_taint_goes_when_it_heals() {
 fn where_the_server_drops_taints_a_faulted_gpus_devices_are_withdrawn_instead() {
     let api = Arc::new(KubeDouble::start());
     api.set_device_taints(false);
-    profiles_configmap(&api, &["h100-inference"], &[]);
-    let mut node = AgentNode::new(&api, "dra-taints-off", gpus("h100", 8, true));
-    node.start_agent(
-        &[
-            "--plugin",
-            "dra",
-            "--xid-heal-after",
-            "3s",
-            "--resync-period",
-            "300s",
-        ],
-        &[],
-    );
-    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-inference"));
-    wait_applied(&api, &node, "h100-inference", Duration::from_secs(30));
+    let node = healing_node(&api, "dra-taints-off");
     let all = device_names(&planned(&node, "h100-inference"));
-    assert!(poll(
-        Duration::from_secs(30),
-        Duration::from_millis(50),
-        || { node.log().contains("watching for critical XID errors") }
-    ));
 
     raise_xid(&node, 5, 79, false);
     let of_gpu_5 = |d: &String| d.starts_with("gpu-5");

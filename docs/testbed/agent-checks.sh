@@ -104,6 +104,13 @@ PY
 # A feature gate of the apiserver as start.sh set it ("" = the default).
 gate() { tr '\0' '\n' < "/proc/$(cat "$TESTBED_DIR/run/kube-apiserver.pid")/cmdline" | grep -o "$1=[a-z]*" | cut -d= -f2; }
 
+# The DeviceClasses, the example claim templates and the profiles ConfigMap with the given
+# `--from-literal=KEY=TEXT` profiles.
+dra_profiles() {
+  $K apply -f "$ROOT/deploy/overlays/dra/device-classes.yaml" >/dev/null
+  $K apply -n default -f "$ROOT/deploy/examples/dra/resource-claim-templates.yaml" >/dev/null
+  $K -n gpu-share create configmap gpu-share-profiles "$@" --dry-run=client -o yaml | $K apply -f - >/dev/null
+}
 # Start the agent (fresh state and NVML each time) with extra flags; port $1.
 agent() {
   local port=$1; shift
@@ -257,13 +264,10 @@ PY
 }
 if want 6; then
 echo "== 6. --plugin dra with the real kubelet"
-$K apply -f "$ROOT/deploy/overlays/dra/device-classes.yaml" >/dev/null
-$K apply -n default -f "$ROOT/deploy/examples/dra/resource-claim-templates.yaml" >/dev/null
-$K -n gpu-share create configmap gpu-share-profiles \
+dra_profiles \
   --from-literal=whole="$(printf 'version: v1\nrules:\n- devices: all\n  exclusive: true\n')" \
   --from-literal=ts-2="$(printf 'version: v1\nrules:\n- devices: all\n  timeSlicing: {replicas: 2}\n')" \
-  --from-literal=mig="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {1g.10gb: 7}\n- devices: [1]\n  exclusive: true\n')" \
-  --dry-run=client -o yaml | $K apply -f - >/dev/null
+  --from-literal=mig="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {1g.10gb: 7}\n- devices: [1]\n  exclusive: true\n')"
 unimplemented_before=$(grep -c "WatchResources.*Unimplemented" "$TESTBED_DIR/logs/kubelet.log")
 kubelet_lines=$(wc -l < "$TESTBED_DIR/logs/kubelet.log")
 agent 19606 --plugin dra --cdi-root "$W/cdi" \
@@ -296,12 +300,9 @@ fi
 # The agent under `--plugin dra` on port $1 with profile `dyn` (every GPU dynamic MIG) applied;
 # `static` (GPU 0 seven 1g.10gb, GPU 1 whole) is there to change to.
 dynamic_agent() {
-$K apply -f "$ROOT/deploy/overlays/dra/device-classes.yaml" >/dev/null
-$K apply -n default -f "$ROOT/deploy/examples/dra/resource-claim-templates.yaml" >/dev/null
-$K -n gpu-share create configmap gpu-share-profiles \
+dra_profiles \
   --from-literal=dyn="$(printf 'version: v1\nrules:\n- devices: all\n  dynamicMig: true\n')" \
-  --from-literal=static="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {1g.10gb: 7}\n- devices: [1]\n  exclusive: true\n')" \
-  --dry-run=client -o yaml | $K apply -f - >/dev/null
+  --from-literal=static="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {1g.10gb: 7}\n- devices: [1]\n  exclusive: true\n')"
 agent "$1" --plugin dra --cdi-root "$W/cdi" --dra-plugin-dir "$W/dra" \
   --pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock
 $K label node "$NODE" gpu-share.dev/profile=dyn --overwrite >/dev/null
@@ -471,17 +472,20 @@ stop_agent
 fi
 
 
-if want 13; then
-echo "== 13. a faulted MIG device tainted under the real scheduler, then healed"
-$K apply -f "$ROOT/deploy/overlays/dra/device-classes.yaml" >/dev/null
-$K apply -n default -f "$ROOT/deploy/examples/dra/resource-claim-templates.yaml" >/dev/null
-$K -n gpu-share create configmap gpu-share-profiles \
-  --from-literal=mig="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {1g.10gb: 7}\n- devices: [1]\n  exclusive: true\n')" \
-  --dry-run=client -o yaml | $K apply -f - >/dev/null
-agent 19613 --plugin dra --cdi-root "$W/cdi" --dra-plugin-dir "$W/dra" --xid-heal-after 20s \
+# The agent under `--plugin dra --xid-heal-after 20s` on port $1 with profile `mig` (GPU 0 seven
+# 1g.10gb, GPU 1 whole) applied.
+healing_agent() {
+dra_profiles \
+  --from-literal=mig="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {1g.10gb: 7}\n- devices: [1]\n  exclusive: true\n')"
+agent "$1" --plugin dra --cdi-root "$W/cdi" --dra-plugin-dir "$W/dra" --xid-heal-after 20s \
   --pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock
 $K label node "$NODE" gpu-share.dev/profile=mig --overwrite >/dev/null
 wait_state success 60; echo "state $(state): $(reason)"
+}
+
+if want 13; then
+echo "== 13. a faulted MIG device tainted under the real scheduler, then healed"
+healing_agent 19613
 device_of() { # $1 pod -> its claim's device
   local c; c=$($K get pod "$1" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
   [ -n "$c" ] || c=$($K get pod "$1" -o jsonpath='{.spec.resourceClaims[0].resourceClaimName}')
@@ -547,15 +551,7 @@ fi
 
 if want 14 && [ "$(gate DRADeviceTaints)" = false ]; then
 echo "== 14. DRADeviceTaints off: a faulted MIG device withdrawn instead of tainted"
-$K apply -f "$ROOT/deploy/overlays/dra/device-classes.yaml" >/dev/null
-$K apply -n default -f "$ROOT/deploy/examples/dra/resource-claim-templates.yaml" >/dev/null
-$K -n gpu-share create configmap gpu-share-profiles \
-  --from-literal=mig="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {1g.10gb: 7}\n- devices: [1]\n  exclusive: true\n')" \
-  --dry-run=client -o yaml | $K apply -f - >/dev/null
-agent 19614 --plugin dra --cdi-root "$W/cdi" --dra-plugin-dir "$W/dra" --xid-heal-after 20s \
-  --pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock
-$K label node "$NODE" gpu-share.dev/profile=mig --overwrite >/dev/null
-wait_state success 60; echo "state $(state): $(reason)"
+healing_agent 19614
 sleep 1
 names() { $K get resourceslices -o jsonpath='{.items[*].spec.devices[*].name}' | tr ' ' '\n' | sort; }
 D=gpu-0-mig-0-1g-10gb

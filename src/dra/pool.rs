@@ -178,20 +178,23 @@ pub fn without(current: &[ResourceSlice], gone: &BTreeSet<String>) -> Vec<Resour
 pub fn counters_dropped(sent: &ResourceSlice, stored: &ResourceSlice) -> bool {
     let sets_dropped =
         !sent.spec.shared_counters.is_empty() && stored.spec.shared_counters.is_empty();
-    let consumption_dropped = sent
-        .spec
-        .devices
-        .iter()
-        .filter(|d| !d.consumes_counters.is_empty())
-        .any(|d| {
-            stored
-                .spec
-                .devices
-                .iter()
-                .find(|s| s.name == d.name)
-                .is_none_or(|s| s.consumes_counters.is_empty())
-        });
-    sets_dropped || consumption_dropped
+    sets_dropped || device_field_dropped(sent, stored, |d| !d.consumes_counters.is_empty())
+}
+
+/// Whether a device of `sent` that `has` a field was stored without it (or not at all).
+fn device_field_dropped(
+    sent: &ResourceSlice,
+    stored: &ResourceSlice,
+    has: impl Fn(&super::api::Device) -> bool,
+) -> bool {
+    sent.spec.devices.iter().filter(|d| has(d)).any(|d| {
+        !stored
+            .spec
+            .devices
+            .iter()
+            .find(|s| s.name == d.name)
+            .is_some_and(&has)
+    })
 }
 
 /// Whether the API server stored `sent` without the taints of one of its devices: what a
@@ -199,18 +202,7 @@ pub fn counters_dropped(sent: &ResourceSlice, stored: &ResourceSlice) -> bool {
 /// pkg/registry/resource/resourceslice/strategy.go, 1.36) and, as with counters, only the stored
 /// object tells.
 pub fn taints_dropped(sent: &ResourceSlice, stored: &ResourceSlice) -> bool {
-    sent.spec
-        .devices
-        .iter()
-        .filter(|d| !d.taints.is_empty())
-        .any(|d| {
-            stored
-                .spec
-                .devices
-                .iter()
-                .find(|s| s.name == d.name)
-                .is_none_or(|s| s.taints.is_empty())
-        })
+    device_field_dropped(sent, stored, |d| !d.taints.is_empty())
 }
 
 /// The Node as the owner of its slices: they go when the Node object goes (garbage

@@ -232,6 +232,17 @@ fn published(profile: &str, gpus: &str) -> (Vec<Value>, Vec<Published>) {
     (slices, devices)
 }
 
+/// The first device the first mixed profile publishes, as another driver's.
+fn foreign_device() -> Published {
+    let (slices, _) = published(MIXED[0].0, MIXED[0].1);
+    Published {
+        name: "foreign".into(),
+        cel: device_cel("gpu.nvidia.com", &slices[0]["spec"]["devices"][0]),
+        expected_class: "",
+        mig_profile: None,
+    }
+}
+
 /// A DRA CEL selector: it compiles and uses no variable but `device`.
 fn selector(source: &str, what: &str) -> Program {
     let program = Program::compile(source)
@@ -375,14 +386,7 @@ fn each_published_device_is_in_exactly_the_device_class_of_its_sharing_mode() {
     // The profiles reach every class, so each selector has met devices it must take.
     assert_eq!(seen.len(), CLASSES.len(), "{seen:?}");
     // Another driver's device with the same attributes is nobody's.
-    let (slices, _) = published(MIXED[0].0, MIXED[0].1);
-    let foreign = Published {
-        name: "foreign".into(),
-        cel: device_cel("gpu.nvidia.com", &slices[0]["spec"]["devices"][0]),
-        expected_class: "",
-        mig_profile: None,
-    };
-    assert!(classes.values().all(|s| !selects(s, &foreign)));
+    assert!(classes.values().all(|s| !selects(s, &foreign_device())));
 }
 
 /// The extended resource a device plugin advertises for `device` under the `mixed` MIG
@@ -531,14 +535,8 @@ fn each_published_device_serves_the_classic_limit_a_device_plugin_advertises_it_
     ] {
         assert!(seen.contains(kind), "{kind} not met: {seen:?}");
     }
-    let (slices, _) = published(MIXED[0].0, MIXED[0].1);
-    let foreign = Published {
-        name: "foreign".into(),
-        cel: device_cel("gpu.nvidia.com", &slices[0]["spec"]["devices"][0]),
-        expected_class: "",
-        mig_profile: None,
-    };
-    assert!(classes.values().all(|s| !selects(s, &foreign)));
+    // Another driver's device with the same attributes is nobody's.
+    assert!(classes.values().all(|s| !selects(s, &foreign_device())));
 }
 
 /// Each case was put to the real kube-apiserver 1.36.2 of ../shared/testbed as a DeviceClass
