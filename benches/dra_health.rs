@@ -19,7 +19,9 @@
 //! are that tick, not the publish. Both XID paths start at the same NVML event, so their
 //! difference is what the taint adds: the republish through the reconcile and the API write.
 //!
-//! `cargo bench --bench dra_health` (GPU_SHARE_BENCH_ROUNDS, default 40).
+//! `cargo build --release -p fake-mps-control && cargo bench --bench dra_health`
+//! (GPU_SHARE_BENCH_ROUNDS, default 40; the agent's node needs the fake MPS control binary,
+//! which `cargo bench` does not build).
 
 #[path = "figures.rs"]
 mod figures;
@@ -138,7 +140,7 @@ async fn follow_stream(node: &DraNode, seen: Arc<Mutex<StreamSeen>>) {
 }
 
 /// Raise XID 48 on the MIG device of round `round` (GPU and instance in turn); its published
-/// name and when the XID was written.
+/// name and when the XID was written (just before the state file is replaced).
 fn raise(node: &DraNode, round: usize) -> (String, Instant) {
     let path = node.node.nvml_state();
     let mut state = State::read_from(&path).unwrap();
@@ -155,8 +157,10 @@ fn raise(node: &DraNode, round: usize) -> (String, Instant) {
         .and_then(|d| d["name"].as_str().map(str::to_string))
         .expect("the MIG device is published");
     state.gpus[gpu].raise_xid(48, Some(ids));
+    // Timed from before the write: the watcher may see the event before the write returns.
+    let raised = Instant::now();
     state.write_to(&path).unwrap();
-    (name, Instant::now())
+    (name, raised)
 }
 
 fn tainted(node: &DraNode, name: &str) -> bool {
