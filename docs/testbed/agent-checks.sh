@@ -235,8 +235,10 @@ $K delete deploy sliced --wait=false >/dev/null
 stop_agent
 fi
 
-# A pod with one claim from ResourceClaimTemplate $2.
-pod() { # $1 name, $2 template
+# A pod with one claim from ResourceClaimTemplate $2, or with ResourceClaim $2 when $3 is `claim`.
+pod() { # $1 name, $2 template (or claim), $3 `claim` or nothing
+local source=resourceClaimTemplateName
+[ "${3:-}" = claim ] && source=resourceClaimName
 cat <<YAML | $K apply -f - >/dev/null
 apiVersion: v1
 kind: Pod
@@ -244,7 +246,7 @@ metadata: {name: $1, namespace: default}
 spec:
   automountServiceAccountToken: false
   terminationGracePeriodSeconds: 1
-  resourceClaims: [{name: mig, resourceClaimTemplateName: $2}]
+  resourceClaims: [{name: mig, $source: $2}]
   containers:
   - {name: c, image: k8s.local/busybox:1.35, imagePullPolicy: Never, command: [sleep, "3600"], resources: {claims: [{name: mig}]}}
 YAML
@@ -505,7 +507,7 @@ for s in json.load(sys.stdin)["items"]:
         if d["name"] == sys.argv[1]: print(json.dumps(d.get("taints", [])))' "$1"; }
 for _ in $(seq 1 40); do [ "$(taint_of "$D")" != "[]" ] && break; sleep 0.25; done
 echo "XID 48 on $D ($uuid): published taints $(taint_of "$D") after $(echo "$(date +%s.%N) - $t0" | bc) s"
-claim_pod() { # $1 name, $2 "tolerate" or ""
+claim_pod() { # $1 name, $2 "tolerate" or "": ResourceClaim $1 asking for D by UUID, and pod $1
   local tol=""
   [ "$2" = tolerate ] && tol="
         tolerations: [{key: gpu.gpu-share.dev/xid, operator: Exists, effect: NoSchedule}]"
@@ -520,17 +522,8 @@ spec:
       exactly:
         deviceClassName: mig.gpu-share.dev
         selectors: [{cel: {expression: 'device.attributes["gpu.gpu-share.dev"].uuid == "$uuid"'}}]$tol
----
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: default}
-spec:
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  resourceClaims: [{name: mig, resourceClaimName: $1}]
-  containers:
-  - {name: c, image: k8s.local/busybox:1.35, imagePullPolicy: Never, command: [sleep, "3600"], resources: {claims: [{name: mig}]}}
 YAML
+  pod "$1" "$1" claim
 }
 claim_pod wants-d ""
 claim_pod tolerates-d tolerate

@@ -22,7 +22,7 @@ use tracing::{info, warn};
 use super::events::event_action;
 use super::metrics::Metrics;
 use crate::gpu::xid::{watch_xids, Fault, Faults};
-use crate::gpu::SharedGpus;
+use crate::gpu::{Gpus, SharedGpus};
 
 /// The Event reason of a device faulted by a critical XID.
 pub const DEVICE_UNHEALTHY: &str = "DeviceUnhealthy";
@@ -97,7 +97,7 @@ async fn heal(faults: Faults, gpus: SharedGpus, window: Duration, reporting: Rep
             continue;
         }
         let gpus = gpus.clone();
-        let listed = tokio::task::spawn_blocking(move || gpus.with(|g| g.observe())).await;
+        let listed = tokio::task::spawn_blocking(move || gpus.with(Gpus::observe)).await;
         let node = match listed {
             Ok(Ok(node)) => node,
             Ok(Err(e)) => {

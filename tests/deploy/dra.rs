@@ -61,33 +61,14 @@ pub(super) fn round_trip_v1(doc: &Value, what: &str) {
 
 /// What the API server accepts as a DeviceClass's `extendedResourceName` (validateDeviceClass in
 /// kubernetes pkg/apis/resource/validation/validation.go calls `IsExtendedResourceName`,
-/// pkg/apis/core/v1/helper/helpers.go): not a native resource (one with a `/` and outside
-/// `kubernetes.io/`), not `requests.`-prefixed, and `requests.<name>` a qualified name: an
-/// optional DNS-subdomain prefix, then a name of at most 63 characters of alphanumerics, `-`,
-/// `_` and `.` that starts and ends alphanumeric.
+/// pkg/apis/core/v1/helper/helpers.go): not a native resource (one without a `/`, or within
+/// `kubernetes.io/`), not `requests.`-prefixed, and `requests.<name>` a qualified name (the
+/// double's rule, which its taint keys use too).
 fn is_extended_resource_name(name: &str) -> bool {
-    let Some((prefix, short)) = name.split_once('/') else {
-        return false;
-    };
-    let native = prefix == "kubernetes.io" || prefix.ends_with(".kubernetes.io");
-    let dns_subdomain = !prefix.is_empty()
-        && prefix.len() <= 253
-        && prefix.split('.').all(|label| {
-            !label.is_empty()
-                && label
-                    .chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        });
-    let alnum_end = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
-    let qualified_short = short.len() <= 63
-        && alnum_end(short.chars().next())
-        && alnum_end(short.chars().last())
-        && short
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
-    !native && !name.starts_with("requests.") && dns_subdomain && qualified_short
+    let native = !name.contains('/') || name.contains("kubernetes.io/");
+    !native
+        && !name.starts_with("requests.")
+        && kube_double::is_qualified_name(&format!("requests.{name}"))
 }
 
 /// In DRA mode the agent is the kubelet's DRA plugin: its registration directory, its own

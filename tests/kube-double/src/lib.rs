@@ -26,6 +26,7 @@ mod server;
 mod status;
 mod store;
 mod validation;
+pub use validation::is_qualified_name;
 
 pub mod fixtures;
 

@@ -47,8 +47,10 @@ fn is_name_part(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
-/// A label name: an optional DNS-subdomain prefix and `/`, then a name part.
-fn is_label_name(s: &str) -> bool {
+/// apimachinery's `IsQualifiedName` (what a label name, a taint key and, prefixed with
+/// `requests.`, an extended resource name must be): an optional DNS-subdomain prefix and `/`,
+/// then a name part.
+pub fn is_qualified_name(s: &str) -> bool {
     let (prefix, name) = s.rsplit_once('/').unwrap_or(("", s));
     let prefix_ok = !s.contains('/')
         || (!prefix.is_empty()
@@ -74,7 +76,7 @@ fn device_taint(
     let field = |f: &str| format!("spec.devices[{i}].taints[{j}].{f}");
     let text = |f: &str| taint.get(f).and_then(Value::as_str).unwrap_or("");
     let key = text("key");
-    if !is_label_name(key) {
+    if !is_qualified_name(key) {
         let why = if key.is_empty() || key.ends_with('/') {
             "name part must be non-empty"
         } else {
