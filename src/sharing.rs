@@ -65,6 +65,10 @@ pub enum PlannedMode {
         /// Pinned device memory per client, with `auto` worked out from the GPU's memory.
         #[serde(skip_serializing_if = "Option::is_none")]
         pinned_memory_limit_mib: Option<u64>,
+        /// Fractional GPU (DRA only): one device whose memory, compute and `replicas` clients
+        /// claims consume, each claim's MPS limits set from its share.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        consumable: Option<ConsumableShares>,
     },
     Mig {
         instances: BTreeMap<String, u32>,
@@ -91,6 +95,31 @@ pub struct MigMps {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub pinned_memory_limit_mib: BTreeMap<String, u64>,
 }
+
+/// An MPS GPU offered as consumable capacity: what claims consume and how the scheduler rounds
+/// their asks (`crate::mps::consumable` works it out from the profile and the GPU).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsumableShares {
+    /// The device's memory, all of which claims share.
+    pub memory_mib: u64,
+    /// Memory per claim, MiB.
+    pub memory: RequestPolicy,
+    /// Compute per claim, percent of the SMs (of 100).
+    pub compute: RequestPolicy,
+}
+
+/// A capacity's request policy: `default` for a claim that asks nothing, asks rounded up to
+/// `min` plus a whole number of `step`s (`requestPolicy: {default, validRange: {min, step}}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RequestPolicy {
+    pub default: u64,
+    pub min: u64,
+    pub step: u64,
+}
+
+/// The whole compute of a device, as the `compute` capacity counts it: percent of its SMs.
+pub const WHOLE_COMPUTE_PERCENT: u64 = 100;
 
 /// Which device plugin advertises the node's GPUs to the kubelet.
 #[derive(

@@ -61,7 +61,9 @@ pub fn validate_for(name: &str, profile: &Profile, plugin: PluginKind) -> Vec<Pr
     problems.extend(check_mig_strategy(name, profile));
     if plugin != PluginKind::Dra {
         problems.extend(dynamic_mig_needs_dra(name, profile, plugin));
+        problems.extend(consumable_needs_dra(name, profile, plugin));
     }
+    problems.extend(consumable_inside_mig(name, profile));
     problems.extend(match plugin {
         PluginKind::Nvidia => crate::nvidia_plugin::check_profile(name, profile),
         PluginKind::Builtin => builtin_plugin_limits(name, profile),
@@ -90,6 +92,50 @@ fn dynamic_mig_needs_dra(name: &str, profile: &Profile, plugin: PluginKind) -> V
                      that does not exist yet; use `mig: {{...}}` for a fixed geometry",
                     plugin.name()
                 ),
+            )
+            .in_rule(i, rule)
+        })
+        .collect()
+}
+
+/// `mps.consumable` rules under a device plugin: an error each. A device plugin advertises a
+/// count of identical devices, which the kubelet hands out whole; only DRA lets the scheduler
+/// share one device by memory and compute.
+fn consumable_needs_dra(name: &str, profile: &Profile, plugin: PluginKind) -> Vec<Problem> {
+    profile
+        .rule_modes()
+        .into_iter()
+        .filter(|(_, rule, _)| rule.mps.as_ref().is_some_and(|m| m.consumable.is_some()))
+        .map(|(i, rule, _)| {
+            Problem::error(
+                name,
+                format!(
+                    "mps.consumable needs `--plugin dra`: with --plugin {} the device plugin \
+                     advertises a count of identical devices, so no pod could ask for memory or \
+                     compute; drop `consumable` for fixed shares",
+                    plugin.name()
+                ),
+            )
+            .in_rule(i, rule)
+        })
+        .collect()
+}
+
+/// `mps.consumable` beside `mig`: not offered yet (each MIG device would be its own consumable
+/// device; this build publishes whole MPS GPUs only), refused rather than silently fixed.
+fn consumable_inside_mig(name: &str, profile: &Profile) -> Vec<Problem> {
+    profile
+        .rule_modes()
+        .into_iter()
+        .filter(
+            |(_, _, mode)| matches!(mode, Mode::Mig { mps: Some(m), .. } if m.consumable.is_some()),
+        )
+        .map(|(i, rule, _)| {
+            Problem::error(
+                name,
+                "mps.consumable beside mig is not supported by this gpu-share: consumable shares \
+                 are published for whole MPS GPUs only; share the MIG devices with fixed MPS \
+                 replicas, or make the GPUs whole (`mps` without `mig`)",
             )
             .in_rule(i, rule)
         })

@@ -449,7 +449,10 @@ fn dra_examples_validate_for_dra_only_and_plan_dynamic_gpus() {
     on_disk.sort();
     assert_eq!(
         on_disk,
-        ["profiles/dra/h200-dynamic-mig.yaml"],
+        [
+            "profiles/dra/h100-fractional.yaml",
+            "profiles/dra/h200-dynamic-mig.yaml"
+        ],
         "list new DRA examples here"
     );
     let file = "profiles/dra/h200-dynamic-mig.yaml";

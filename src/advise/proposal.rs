@@ -260,7 +260,10 @@ fn rule(i: usize, spec: Spec, devices: Vec<u32>) -> Rule {
             "mig"
         }
         Spec::TimeSliced(replicas) => {
-            rule.time_slicing = Some(TimeSlicing { replicas });
+            rule.time_slicing = Some(TimeSlicing {
+                replicas,
+                consumable: None,
+            });
             "time-sliced"
         }
         Spec::Mps {
@@ -273,6 +276,7 @@ fn rule(i: usize, spec: Spec, devices: Vec<u32>) -> Rule {
                 pinned_memory_limit: Some(
                     pinned_mib.map_or_else(|| "auto".into(), |m| format!("{m}Mi")),
                 ),
+                consumable: None,
             });
             "mps"
         }

@@ -139,6 +139,11 @@ impl Reconciler {
                 self.slices_published_event(generation);
                 Ok(())
             }
+            Ok(publish::Outcome::ConsumableDropped { generation }) => {
+                self.consumable_dropped_event(plan);
+                self.slices_published_event(generation);
+                Ok(())
+            }
             Ok(publish::Outcome::Written { generation }) => {
                 self.name_out_of_band(plan, observed, &claimed);
                 self.slices_published_event(generation);
@@ -169,6 +174,39 @@ impl Reconciler {
                        (a claim cannot tolerate them), and come back when they heal";
         warn!(message, "ResourceSlice taints dropped");
         self.event_in_background(EventType::Warning, "TaintsDropped", message);
+    }
+
+    /// The Warning for an API server found dropping consumable capacity: the consumable GPUs
+    /// are offered as fixed shares instead, for as long as the agent runs.
+    fn consumable_dropped_event(&self, plan: &NodePlan) {
+        let gpus: Vec<String> = plan
+            .gpus
+            .iter()
+            .filter_map(|g| match &g.mode {
+                crate::sharing::PlannedMode::Mps {
+                    replicas,
+                    consumable: Some(c),
+                    ..
+                } => Some(format!(
+                    "{} ({replicas} shares of {} MiB)",
+                    g.index,
+                    crate::mps::consumable::fixed_share_mib(c, *replicas)
+                )),
+                _ => None,
+            })
+            .collect();
+        let message = format!(
+            "the API server drops allowMultipleAllocations and requestPolicy (feature gate \
+             DRAConsumableCapacity off, the default before Kubernetes 1.36): consumable MPS \
+             GPU(s) {} of profile {} are published as fixed MPS shares, each with an even split \
+             of the memory as its pinned limit, so no claim can ask for memory or compute; turn \
+             the gate on (kube-apiserver and kube-scheduler) and restart the agent to share them \
+             by capacity",
+            gpus.join(", "),
+            plan.profile
+        );
+        warn!(%message, "consumable capacity dropped");
+        self.event_in_background(EventType::Warning, "ConsumableCapacityDropped", &message);
     }
 
     fn slices_published_event(&self, generation: i64) {

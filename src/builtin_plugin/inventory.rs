@@ -170,13 +170,22 @@ impl Inventory {
                             replicas,
                             active_thread_percentage,
                             pinned_memory_limit_mib,
+                            consumable,
                         } => (
                             *replicas,
                             Some(MpsClient::new(
                                 mps_root,
                                 resource,
                                 *active_thread_percentage,
-                                *pinned_memory_limit_mib,
+                                // A consumable GPU's fixed shares (what a server without
+                                // consumable capacity is given) split its memory evenly; a
+                                // consumable device's claims get their own limits at Prepare.
+                                match consumable {
+                                    Some(c) => {
+                                        Some(crate::mps::consumable::fixed_share_mib(c, *replicas))
+                                    }
+                                    None => *pinned_memory_limit_mib,
+                                },
                             )),
                         ),
                         _ => (1, None),

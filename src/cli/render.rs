@@ -133,7 +133,20 @@ fn mode_summary(mode: &PlannedMode) -> String {
             replicas,
             active_thread_percentage,
             pinned_memory_limit_mib,
+            consumable,
         } => {
+            if let Some(c) = consumable {
+                return format!(
+                    "MPS, consumable by up to {replicas} claims: {} MiB of memory (ask rounded to {} + n × {} MiB, {} by default) and 100% compute (rounded to {} + n × {}%, {}% by default), each claim's MPS limits its share",
+                    c.memory_mib,
+                    c.memory.min,
+                    c.memory.step,
+                    c.memory.default,
+                    c.compute.min,
+                    c.compute.step,
+                    c.compute.default
+                );
+            }
             let mut s = format!("MPS × {replicas}");
             if let Some(p) = active_thread_percentage {
                 let _ = write!(s, ", {p}% threads");

@@ -85,6 +85,18 @@ pub struct Device {
     /// beta and on by default in Kubernetes 1.36; a server with the gate off drops the field).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taints: Vec<DeviceTaint>,
+    /// Several claims may be allocated the device at once, each consuming part of its
+    /// capacities (`DRAConsumableCapacity`, beta and on by default in Kubernetes 1.36; a server
+    /// with the gate off drops the field and every `requestPolicy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_multiple_allocations: Option<bool>,
+}
+
+impl Device {
+    /// Whether several claims may share the device by its capacities.
+    pub fn is_consumable(&self) -> bool {
+        self.allow_multiple_allocations == Some(true)
+    }
 }
 
 /// `DeviceTaint` of resource.k8s.io/v1: the key a label name, the value a label value.
@@ -131,8 +143,36 @@ impl DeviceAttribute {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct DeviceCapacity {
     pub value: Quantity,
+    /// How claims of a device with `allowMultipleAllocations` consume this capacity; the
+    /// server refuses it on any other device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_policy: Option<CapacityRequestPolicy>,
+}
+
+/// `CapacityRequestPolicy`: what a claim that asks nothing consumes (`default`), and the
+/// amounts a claim's ask is rounded up to (`validRange`: `min` plus whole `step`s, up to
+/// `max`). gpu-share publishes ranges only (the API also has `validValues`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityRequestPolicy {
+    pub default: Quantity,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_range: Option<CapacityRequestPolicyRange>,
+    /// Sorted ascending, at most 10; `default` among them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub valid_values: Vec<Quantity>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CapacityRequestPolicyRange {
+    pub min: Quantity,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<Quantity>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<Quantity>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -21,10 +21,12 @@
 //! twice without counters.
 
 pub mod api;
+pub mod consumable;
 pub mod dynamic;
 pub mod kubelet_plugin;
 pub mod pool;
 pub mod publish;
+pub mod quantity;
 pub mod taints;
 
 use std::collections::BTreeMap;
@@ -262,8 +264,17 @@ fn gpu_devices(
         },
         PlannedMode::Mps {
             replicas,
+            consumable: Some(shares),
+            ..
+        } => GpuDevices {
+            devices: vec![consumable::device(parent.whole_gpu(), shares, *replicas)],
+            counters: None,
+        },
+        PlannedMode::Mps {
+            replicas,
             active_thread_percentage,
             pinned_memory_limit_mib,
+            consumable: None,
         } => {
             let mut gpu = parent.whole_gpu();
             mps_limits(
@@ -402,30 +413,9 @@ impl<'a> Parent<'a> {
         found.uuid
     }
 
-    /// `replicas` shares of `base` (a whole GPU or a MIG device): `<base>-share-<k>`, each with
-    /// `base`'s attributes and capacity, `sharing` set and no counters consumed (module doc).
+    /// `replicas` shares of `base` (a whole GPU or a MIG device): [`shares_of`].
     fn shares(&self, base: &Device, sharing: &str, replicas: u64) -> Vec<Device> {
-        (0..replicas)
-            .map(|k| {
-                let mut share = base.clone();
-                share.name = format!("{}-share-{k}", base.name);
-                share.consumes_counters.clear();
-                string(&mut share, "sharing", sharing);
-                int(&mut share, "shareIndex", k as i64);
-                int(&mut share, "replicas", replicas as i64);
-                // The shared device's UUID names the parent of every share: the GPU's, or the
-                // MIG device's (`migUUID`) beside the GPU's `parentUUID`.
-                if let Some(uuid) = share.attributes.remove("uuid") {
-                    let key = if share.attributes.contains_key("parentUUID") {
-                        "migUUID"
-                    } else {
-                        "parentUUID"
-                    };
-                    share.attributes.insert(key.into(), uuid);
-                }
-                share
-            })
-            .collect()
+        shares_of(base, sharing, replicas)
     }
 
     /// A device with the attributes every device of this GPU carries.
@@ -436,6 +426,7 @@ impl<'a> Parent<'a> {
             capacity: BTreeMap::new(),
             consumes_counters: Vec::new(),
             taints: Vec::new(),
+            allow_multiple_allocations: None,
         };
         string(&mut device, "sharing", sharing);
         string(&mut device, "productName", self.product);
@@ -450,6 +441,54 @@ impl<'a> Parent<'a> {
         }
         device
     }
+}
+
+/// `replicas` shares of `base` (a whole GPU or a MIG device): `<base>-share-<k>`, each with
+/// `base`'s attributes and capacity, `sharing` set and no counters consumed (module doc).
+fn shares_of(base: &Device, sharing: &str, replicas: u64) -> Vec<Device> {
+    (0..replicas)
+        .map(|k| {
+            let mut share = base.clone();
+            share.name = format!("{}-share-{k}", base.name);
+            share.consumes_counters.clear();
+            string(&mut share, "sharing", sharing);
+            int(&mut share, "shareIndex", k as i64);
+            int(&mut share, "replicas", replicas as i64);
+            // The shared device's UUID names the parent of every share: the GPU's, or the
+            // MIG device's (`migUUID`) beside the GPU's `parentUUID`.
+            if let Some(uuid) = share.attributes.remove("uuid") {
+                let key = if share.attributes.contains_key("parentUUID") {
+                    "migUUID"
+                } else {
+                    "parentUUID"
+                };
+                share.attributes.insert(key.into(), uuid);
+            }
+            share
+        })
+        .collect()
+}
+
+/// `devices` and `counter_sets` packed again as the pool `like` belongs to (node, generation):
+/// for a publish that swaps some devices for others.
+fn repacked(
+    like: &ResourceSlice,
+    devices: Vec<Device>,
+    counter_sets: Vec<CounterSet>,
+) -> Vec<ResourceSlice> {
+    let mut groups = vec![GpuDevices {
+        devices,
+        counters: None,
+    }];
+    groups.extend(counter_sets.into_iter().map(|set| GpuDevices {
+        devices: Vec::new(),
+        counters: Some(set),
+    }));
+    numbered(
+        &like.spec.node_name,
+        like.spec.pool.generation,
+        pack(groups),
+    )
 }
 
 /// MPS limits on a device about to be shared: attributes a selector can match on, and the
@@ -506,9 +545,13 @@ fn capacity(
     name: &str,
     value: k8s_openapi::apimachinery::pkg::api::resource::Quantity,
 ) {
-    device
-        .capacity
-        .insert(name.into(), DeviceCapacity { value });
+    device.capacity.insert(
+        name.into(),
+        DeviceCapacity {
+            value,
+            request_policy: None,
+        },
+    );
 }
 
 /// A MIG profile as part of a DNS label: `1g.10gb+me` → `1g-10gb-me`, `1g.24gb-me` (no media

@@ -205,6 +205,14 @@ pub fn taints_dropped(sent: &ResourceSlice, stored: &ResourceSlice) -> bool {
     device_field_dropped(sent, stored, |d| !d.taints.is_empty())
 }
 
+/// Whether the API server stored `sent` with a consumable device no longer shareable: what a
+/// server with `DRAConsumableCapacity` off does (`dropDisabledDRAConsumableCapacityFields`,
+/// pkg/registry/resource/resourceslice/strategy.go, 1.36: `allowMultipleAllocations` and every
+/// capacity's `requestPolicy` dropped, the write accepted). Only the stored object tells.
+pub fn consumable_dropped(sent: &ResourceSlice, stored: &ResourceSlice) -> bool {
+    device_field_dropped(sent, stored, super::api::Device::is_consumable)
+}
+
 /// The Node as the owner of its slices: they go when the Node object goes (garbage
 /// collection), as the kubelet's DRA helper does for node-local pools.
 pub fn node_owner(node_name: &str, node_uid: &str) -> OwnerReference {

@@ -17,6 +17,14 @@
 //! the counter slices leave the aborted generation incomplete: the scheduler allocates nothing
 //! from it before the pool without counters replaces it.
 //!
+//! Consumable devices ([`super::consumable`]) are found dropped the same way
+//! (`DRAConsumableCapacity` off, the default before 1.36): their slices are written first, and
+//! at the first answer without `allowMultipleAllocations` the publisher stops and from then on
+//! publishes [`super::consumable::fixed_shares`]: each such GPU as fixed MPS shares, never a
+//! device one claim would get whole while the node shares it. Should the scheduler allocate the
+//! stored device in the milliseconds before, the claim's allocation has no `consumedCapacity`
+//! and its Prepare is refused (and the device is no longer published).
+//!
 //! Taints ([`super::taints`]) are found dropped the same way (`DRADeviceTaints` off, the default
 //! before 1.36): slices with a tainted device are written right after the counter slices, and
 //! at the first answer without its taints the publisher stops and from then on publishes
@@ -56,6 +64,10 @@ pub struct Publisher {
     taints_dropped: AtomicBool,
     /// A publish has reported that ([`Outcome::TaintsDropped`]), once.
     taints_drop_reported: AtomicBool,
+    /// The API server was found dropping consumable capacity: publish fixed shares.
+    consumable_dropped: AtomicBool,
+    /// A publish has reported that ([`Outcome::ConsumableDropped`]), once.
+    consumable_drop_reported: AtomicBool,
     published: Published,
 }
 
@@ -75,6 +87,10 @@ pub enum Outcome {
     /// rewritten (or already stood) at this generation with the faulted devices withdrawn
     /// instead of tainted, as every later publish will be. Reported once.
     TaintsDropped { generation: i64 },
+    /// The API server was found dropping consumable capacity (`DRAConsumableCapacity` off):
+    /// the pool was rewritten at this generation with each consumable GPU as fixed MPS shares
+    /// ([`super::consumable::fixed_shares`]), as every later publish will be. Reported once.
+    ConsumableDropped { generation: i64 },
 }
 
 /// What one write of the pool did.
@@ -87,6 +103,8 @@ enum Wrote {
     CountersDropped,
     /// Stopped at the first slice the server stored without its devices' taints.
     TaintsDropped,
+    /// Stopped at the first slice the server stored with a consumable device not shareable.
+    ConsumableDropped,
 }
 
 impl Publisher {
@@ -107,6 +125,8 @@ impl Publisher {
             drop_reported: AtomicBool::new(false),
             taints_dropped: AtomicBool::new(false),
             taints_drop_reported: AtomicBool::new(false),
+            consumable_dropped: AtomicBool::new(false),
+            consumable_drop_reported: AtomicBool::new(false),
             published,
         }
     }
@@ -143,6 +163,11 @@ impl Publisher {
                     desired = self.as_the_server_keeps(desired);
                     continue;
                 }
+                Wrote::ConsumableDropped => {
+                    self.found_consumable_dropped();
+                    desired = self.as_the_server_keeps(desired);
+                    continue;
+                }
             };
             self.announce(desired, outcome, &existing);
             return Ok(outcome);
@@ -152,6 +177,11 @@ impl Publisher {
     /// `slices` as this publisher writes them: without counters once the server was found
     /// dropping them, without tainted devices once it was found dropping taints.
     fn as_the_server_keeps(&self, slices: Vec<ResourceSlice>) -> Vec<ResourceSlice> {
+        let slices = if self.consumable_dropped.load(Ordering::Relaxed) {
+            super::consumable::fixed_shares(&slices)
+        } else {
+            slices
+        };
         let slices = if self.counters_dropped.load(Ordering::Relaxed) {
             super::without_counters(&slices)
         } else {
@@ -170,7 +200,9 @@ impl Publisher {
         let once = |found: &AtomicBool, reported: &AtomicBool| {
             found.load(Ordering::Relaxed) && !reported.swap(true, Ordering::Relaxed)
         };
-        if once(&self.counters_dropped, &self.drop_reported) {
+        if once(&self.consumable_dropped, &self.consumable_drop_reported) {
+            Some(Outcome::ConsumableDropped { generation })
+        } else if once(&self.counters_dropped, &self.drop_reported) {
             Some(Outcome::CountersDropped { generation })
         } else if once(&self.taints_dropped, &self.taints_drop_reported) {
             Some(Outcome::TaintsDropped { generation })
@@ -184,6 +216,14 @@ impl Publisher {
         warn!(
             "the API server dropped the devices' taints (feature gate DRADeviceTaints off): \
              faulted devices are withdrawn from the ResourceSlices instead of tainted"
+        );
+    }
+
+    fn found_consumable_dropped(&self) {
+        self.consumable_dropped.store(true, Ordering::Relaxed);
+        warn!(
+            "the API server dropped allowMultipleAllocations (feature gate DRAConsumableCapacity \
+             off): consumable MPS GPUs are published as fixed shares instead"
         );
     }
 
@@ -215,6 +255,7 @@ impl Publisher {
             // until the publish after the apply writes it without counters.
             Wrote::CountersDropped => self.found_counters_dropped(),
             Wrote::TaintsDropped => self.found_taints_dropped(),
+            Wrote::ConsumableDropped => self.found_consumable_dropped(),
         }
         Ok(gone.into_iter().collect())
     }
@@ -230,7 +271,8 @@ impl Publisher {
         let generation = match outcome {
             Outcome::Written { generation }
             | Outcome::CountersDropped { generation }
-            | Outcome::TaintsDropped { generation } => generation,
+            | Outcome::TaintsDropped { generation }
+            | Outcome::ConsumableDropped { generation } => generation,
             Outcome::Unchanged => existing.first().map_or(0, |s| s.spec.pool.generation),
         };
         for slice in &mut slices {
@@ -271,6 +313,7 @@ impl Publisher {
             Carried::All => {}
             Carried::StoppedAt(Lost::Counters) => return Ok(Wrote::CountersDropped),
             Carried::StoppedAt(Lost::Taints) => return Ok(Wrote::TaintsDropped),
+            Carried::StoppedAt(Lost::Consumable) => return Ok(Wrote::ConsumableDropped),
         }
         info!(
             generation = update.generation,
@@ -284,14 +327,16 @@ impl Publisher {
         })
     }
 
-    /// Creates and replaces first, slices with counter sets before those with a tainted
-    /// device before the others, deletes last (see the module doc); a slice already gone is not
+    /// Creates and replaces first, slices with counter sets or a consumable device before
+    /// those with a tainted device before the others, deletes last (see the module doc); a slice already gone is not
     /// an error. Stops at the first slice the server stored without its counters or taints:
     /// the rest is not written.
     async fn carry_out(&self, update: &PoolUpdate) -> Result<Carried, kube::Error> {
         let post = crate::field_manager::post(crate::field_manager::AGENT);
         let turn = |s: &ResourceSlice| {
-            if !s.spec.shared_counters.is_empty() {
+            if !s.spec.shared_counters.is_empty()
+                || s.spec.devices.iter().any(|d| d.is_consumable())
+            {
                 0
             } else if s.spec.devices.iter().any(|d| !d.taints.is_empty()) {
                 1
@@ -335,10 +380,13 @@ enum Carried {
 enum Lost {
     Counters,
     Taints,
+    Consumable,
 }
 
 fn lost_in(sent: &ResourceSlice, stored: &ResourceSlice) -> Option<Lost> {
-    if pool::counters_dropped(sent, stored) {
+    if pool::consumable_dropped(sent, stored) {
+        Some(Lost::Consumable)
+    } else if pool::counters_dropped(sent, stored) {
         Some(Lost::Counters)
     } else if pool::taints_dropped(sent, stored) {
         Some(Lost::Taints)

@@ -27,6 +27,7 @@ const CASES: &[(&str, &str)] = &[
     ("profiles/a100-80gb-single.yaml", "a100-80gbx4"),
     ("profiles/h200-mig-timeslice.yaml", "h200x8"),
     ("profiles/dra/h200-dynamic-mig.yaml", "h200x8"),
+    ("profiles/dra/h100-fractional.yaml", "h100x8"),
     (
         "profiles/homelab-timeslice.yaml",
         "NVIDIA GeForce RTX 3090x2",
@@ -83,10 +84,16 @@ fn device_counts_match_the_plans_resources_for_every_example_profile() {
         let (plan, slices) = example(file, gpus);
         let advertised: u64 = plan.resources.values().sum();
         // Dynamic MIG devices are every placement a GPU could hold, advertised nowhere else.
+        // A consumable device stands for as many claims as its `clients` capacity.
+        let claimable = |d: &Device| match d.capacity.get(consumable::CLIENTS) {
+            Some(c) if d.is_consumable() => c.value.0.parse::<u64>().unwrap(),
+            _ => 1,
+        };
         assert_eq!(
             devices(&slices)
                 .filter(|d| dynamic::DynamicDevice::of(d).is_none())
-                .count() as u64,
+                .map(claimable)
+                .sum::<u64>(),
             advertised,
             "{file} on {gpus}: {:?}",
             plan.resources

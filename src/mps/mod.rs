@@ -2,6 +2,7 @@
 //! on active threads and pinned device memory. This module owns the `mps` block's validation and
 //! how its limits are derived.
 
+pub mod consumable;
 pub mod daemon;
 pub mod planned;
 pub mod shm;
@@ -66,6 +67,9 @@ pub enum MpsError {
     /// More clients than an MPS server inside this MIG device takes (the sentence says which).
     #[error("{0}")]
     TooManyClientsOnMig(String),
+    /// A consumable policy this device cannot hold (the sentence says which rule).
+    #[error("{0}")]
+    Consumable(String),
 }
 
 /// Parse `auto` or a quantity (`8Gi`, `8G`, `8192Mi`, `8192M`; binary units either way, as
@@ -225,6 +229,7 @@ pub fn validate(mps: &Mps) -> Vec<String> {
             problems.push(e.to_string());
         }
     }
+    problems.extend(consumable::validate(mps));
     problems
 }
 
@@ -238,6 +243,7 @@ mod tests {
             replicas,
             active_thread_percentage: pct,
             pinned_memory_limit: mem.map(str::to_string),
+            consumable: None,
         }
     }
 

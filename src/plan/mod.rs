@@ -410,6 +410,7 @@ fn plan_gpu(
                 replicas,
                 active_thread_percentage: mps.active_thread_percentage.map(|p| p as u32),
                 pinned_memory_limit_mib: pinned,
+                consumable: crate::mps::consumable::shares(mps, gpu.memory_mib, "this GPU's")?,
             };
             replicas
         }

@@ -178,6 +178,12 @@ pub struct TimeSlicing {
     #[serde(deserialize_with = "counts::time_slicing_replicas")]
     #[schemars(range(min = MIN_TIME_SLICING_REPLICAS, max = MAX_TIME_SLICING_REPLICAS))]
     pub replicas: i64,
+    /// Not offered: time-slicing isolates neither memory nor compute (every share sees the
+    /// whole GPU), so a share sized in memory or compute would promise what nothing enforces.
+    /// Read only to refuse it with that reason (`mps: {consumable: ...}` enforces shares).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(skip)]
+    pub consumable: Option<serde_yaml::Value>,
 }
 
 /// MPS settings.
@@ -200,6 +206,57 @@ pub struct Mps {
     /// such as `8Gi`, `8G`, `8192Mi`, `8192M`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pinned_memory_limit: Option<String>,
+    /// Fractional GPUs (`agent --plugin dra` only): each GPU is published as one DRA device
+    /// that up to `replicas` claims share, each claim asking for its own memory and compute
+    /// (`capacity: {requests: {memory: 10Gi, compute: 25}}`); the scheduler packs claims until
+    /// the GPU's memory, its compute (100 %) or its `replicas` clients run out, and each claim's
+    /// MPS limits are set from what it was given (docs/dra.md, "Fractional GPUs"). The daemon
+    /// then has no defaults of its own, so `activeThreadPercentage` and `pinnedMemoryLimit`
+    /// are not given beside it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumable: Option<Consumable>,
+}
+
+/// What claims of a consumable MPS GPU may ask for, per capacity: the amount a claim that asks
+/// nothing gets (`default`), the least any claim gets (`min`), and the step amounts are rounded
+/// up to (`step`, from `min`). These become the device's `requestPolicy` (`default`,
+/// `validRange: {min, step}`), which the scheduler applies.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Consumable {
+    /// Pinned device memory per claim (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`), sizes such as
+    /// `4Gi` or `512Mi`.
+    pub memory: MemoryPolicy,
+    /// Share of the GPU's SMs per claim, in percent (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`),
+    /// 1 to 100.
+    pub compute: ComputePolicy,
+}
+
+/// The memory request policy of a consumable MPS GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MemoryPolicy {
+    /// What a claim that asks for no memory gets, e.g. `4Gi`.
+    pub default: String,
+    /// The least a claim gets; smaller asks are rounded up to it, e.g. `1Gi`.
+    pub min: String,
+    /// Asks are rounded up to `min` plus a whole number of steps, e.g. `1Gi`.
+    pub step: String,
+}
+
+/// The compute request policy of a consumable MPS GPU, in percent of its SMs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ComputePolicy {
+    /// What a claim that asks for no compute gets, 1 to 100.
+    #[schemars(range(min = 1, max = 100))]
+    pub default: i64,
+    /// The least a claim gets, 1 to 100.
+    #[schemars(range(min = 1, max = 100))]
+    pub min: i64,
+    /// Asks are rounded up to `min` plus a whole number of steps, 1 to 99.
+    #[schemars(range(min = 1, max = 99))]
+    pub step: i64,
 }
 
 /// Which GPUs a rule selects.

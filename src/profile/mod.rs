@@ -10,9 +10,9 @@ mod problem;
 use std::collections::BTreeMap;
 
 pub use format::{
-    glob_matches, DeviceSelector, MigStrategy, Mps, PluginOptions, Profile, Rule, TimeSlicing,
-    MAX_GPU_INDEX, MAX_MIG_COUNT, MAX_MPS_REPLICAS, MAX_PROFILE_BYTES, MAX_RULES,
-    MAX_TIME_SLICING_REPLICAS, MIN_TIME_SLICING_REPLICAS,
+    glob_matches, ComputePolicy, Consumable, DeviceSelector, MemoryPolicy, MigStrategy, Mps,
+    PluginOptions, Profile, Rule, TimeSlicing, MAX_GPU_INDEX, MAX_MIG_COUNT, MAX_MPS_REPLICAS,
+    MAX_PROFILE_BYTES, MAX_RULES, MAX_TIME_SLICING_REPLICAS, MIN_TIME_SLICING_REPLICAS,
 };
 pub use parse::{check_key, check_size, parse_profile, read_profiles, NamedProfile};
 pub use problem::{Problem, RuleRef, Severity};

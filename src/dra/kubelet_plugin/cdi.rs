@@ -79,6 +79,28 @@ pub fn device_name(claim_uid: &str, device: &str) -> String {
     format!("{claim_uid}-{device}")
 }
 
+/// The name a device's entry has in the claim's spec: the device's, or for a share of a
+/// consumable device, the device's and its `shareID` (one claim may hold two shares of one
+/// device, each with its own limits). Characters CDI does not allow in a name become `-`.
+pub fn entry_name(device: &str, share_id: Option<&str>) -> String {
+    match share_id {
+        None => device.to_string(),
+        Some(id) => {
+            let id: String = id
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || "_-.:".contains(c) {
+                        c
+                    } else {
+                        '-'
+                    }
+                })
+                .collect();
+            format!("{device}-{id}")
+        }
+    }
+}
+
 /// The fully qualified CDI device ID the kubelet passes on: `gpu.gpu-share.dev/claim=<name>`.
 pub fn device_id(claim_uid: &str, device: &str) -> String {
     format!("{KIND}={}", device_name(claim_uid, device))
@@ -117,6 +139,12 @@ const PINNED: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
 /// Devices of one claim that cannot serve one container together.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MergeError {
+    #[error(
+        "device {share} is a share of a consumable GPU with MPS limits of its own, and this claim \
+         holds {others} other device(s): a container given them all would keep only one \
+         device's limits; give the share a claim of its own (one request, one device)"
+    )]
+    ShareBesideOthers { share: String, others: usize },
     #[error(
         "devices {with} (shared through MPS) and {other} (not) cannot serve one container: \
          claim them separately"

@@ -59,6 +59,13 @@ pub struct PreparedDevice {
     pub pool_name: String,
     pub device_name: String,
     pub cdi_device_ids: Vec<String>,
+    /// The allocation's `shareID`, for a share of a consumable device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
+    /// What that share was given, as its MPS limits: a later Prepare of the same device checks
+    /// the sum of the shares against the device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<crate::dra::consumable::Share>,
 }
 
 impl From<&PreparedDevice> for Device {
@@ -68,6 +75,7 @@ impl From<&PreparedDevice> for Device {
             pool_name: d.pool_name.clone(),
             device_name: d.device_name.clone(),
             cdi_device_ids: d.cdi_device_ids.clone(),
+            share_id: d.share_id.clone(),
         }
     }
 }
@@ -180,6 +188,8 @@ mod tests {
                     pool_name: "node-a".into(),
                     device_name: "gpu-0".into(),
                     cdi_device_ids: vec!["gpu.gpu-share.dev/claim=uid-1-gpu-0".into()],
+                    share_id: None,
+                    share: None,
                 }],
             },
         );

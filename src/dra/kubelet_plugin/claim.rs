@@ -29,12 +29,21 @@ pub const MAX_ALLOCATION_RESULTS: usize = 32;
 
 /// One device the scheduler allocated to the claim from this driver.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct AllocatedDevice {
     /// The claim's request it satisfies (`<request>` or `<request>/<subrequest>`).
     pub request: String,
     pub driver: String,
     pub pool: String,
     pub device: String,
+    /// Set by the scheduler for a device with `allowMultipleAllocations`: which of its shares
+    /// this is (`shareID`).
+    #[serde(default, rename = "shareID")]
+    pub share_id: Option<String>,
+    /// What this share consumes of the device's capacities, as quantities
+    /// (`consumedCapacity`), with the policies' defaults and rounding applied.
+    #[serde(default)]
+    pub consumed_capacity: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

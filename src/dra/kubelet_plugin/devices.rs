@@ -13,6 +13,7 @@
 use crate::builtin_plugin::api::ContainerAllocateResponse;
 use crate::builtin_plugin::{DeviceListing, Inventory};
 use crate::dra::api::{Device, ResourceSlice};
+use crate::dra::consumable::Share;
 
 /// The published device `name` in `pool`, if the latest slices have it.
 pub fn find_published<'a>(
@@ -72,6 +73,54 @@ pub fn container_edits(
     Ok(allocation)
 }
 
+/// What a container given `share` of the consumable MPS GPU `device` gets: the answer for one
+/// of the GPU's MPS entries (its UUID, the daemon's pipe directory and `/dev/shm`), with the
+/// share's own limits in place of the fixed ones: `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` and
+/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from what the scheduler gave the claim. The daemon has
+/// no defaults of its own (`crate::mps::consumable`), so these are what holds the client.
+pub fn consumable_edits(
+    device: &Device,
+    share: Share,
+    inventory: &Inventory,
+    listing: &DeviceListing,
+) -> Result<ContainerAllocateResponse, DeviceError> {
+    let uuid = device
+        .attributes
+        .get("uuid")
+        .and_then(|a| a.string.as_deref())
+        .ok_or_else(|| DeviceError::NoUuid {
+            device: device.name.clone(),
+        })?;
+    let (resource, entry) = inventory
+        .resources
+        .values()
+        .flat_map(|r| r.devices.iter().map(move |d| (r, d)))
+        .find(|(_, d)| d.uuid == uuid && d.mps.is_some())
+        .ok_or_else(|| DeviceError::NotApplied {
+            device: device.name.clone(),
+            id: format!("{uuid} (shared through MPS)"),
+        })?;
+    let ids = std::slice::from_ref(&entry.id);
+    let mut allocation = resource
+        .allocate(ids)
+        .map_err(|source| DeviceError::Allocate {
+            device: device.name.clone(),
+            source,
+        })?;
+    listing.apply(ids, "", &mut allocation);
+    allocation.annotations.clear();
+    // The container sees this one GPU, as device 0.
+    allocation.envs.insert(
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(),
+        format!("0={}M", share.memory_mib),
+    );
+    allocation.envs.insert(
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
+        share.compute_percent.to_string(),
+    );
+    Ok(allocation)
+}
+
 /// The built-in plugin's ID for `device`: `<uuid>` or `<uuid>::<share>`.
 fn builtin_id(device: &Device) -> Result<String, DeviceError> {
     let text = |key: &str| device.attributes.get(key).and_then(|a| a.string.as_deref());
@@ -111,6 +160,7 @@ mod tests {
             capacity: BTreeMap::new(),
             consumes_counters: Vec::new(),
             taints: Vec::new(),
+            allow_multiple_allocations: None,
         }
     }
 

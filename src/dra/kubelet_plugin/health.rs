@@ -109,6 +109,7 @@ mod tests {
             capacity: Default::default(),
             consumes_counters: Vec::new(),
             taints: Vec::new(),
+            allow_multiple_allocations: None,
         }
     }
 

@@ -23,6 +23,7 @@ use super::{cdi, claim, devices};
 use crate::builtin_plugin::api::ContainerAllocateResponse;
 use crate::builtin_plugin::{DeviceListing, Inventory};
 use crate::dra::api::ResourceSlice;
+use crate::dra::consumable;
 use crate::dra::dynamic::DynamicDevice;
 use crate::dra::DRIVER;
 
@@ -119,7 +120,7 @@ impl Preparer {
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
         let object = claim::fetch(&self.client, &claim.namespace, &claim.name, &claim.uid).await?;
         let allocated = claim::allocated_devices(&object, DRIVER, &self.node_name)?;
-        let (answer, spec) = match self.answer(claim, &allocated) {
+        let (answer, spec) = match self.answer(claim, &allocated, checkpoint) {
             Ok(answered) => answered,
             Err(e) => return Err(self.undo_dynamic(claim, e)),
         };
@@ -198,12 +199,14 @@ impl Preparer {
     }
 
     /// The answer and the CDI spec for `allocated` (none when no device has edits), each
-    /// device checked against the latest published slices. Every missing device is named, not
-    /// only the first.
+    /// device checked against the latest published slices, and each share of a consumable
+    /// device against what it was given and what the claims prepared before hold
+    /// (`checkpoint`). Every problem is named, not only the first.
     fn answer(
         &self,
         claim: &Claim,
         allocated: &[claim::AllocatedDevice],
+        checkpoint: &Checkpoint,
     ) -> Result<(Vec<PreparedDevice>, Option<cdi::Spec>), PrepareError> {
         let slices = self.slices.borrow().clone();
         let inventory = self.inventory.borrow().clone();
@@ -219,25 +222,45 @@ impl Preparer {
                 });
                 continue;
             };
-            let edits_of = match DynamicDevice::of(device) {
-                Some(dynamic) => self.dynamic_edits(claim, &a.device, &dynamic),
-                None => devices::container_edits(device, &inventory, &self.listing)
+            let share = if device.is_consumable() {
+                match consumable::share_of(device, &a.consumed_capacity) {
+                    Ok(share) => Some(share),
+                    Err(e) => {
+                        problems.push(e.into());
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            let edits_of = match (DynamicDevice::of(device), share) {
+                (Some(dynamic), _) => self.dynamic_edits(claim, &a.device, &dynamic),
+                (None, Some(share)) => {
+                    devices::consumable_edits(device, share, &inventory, &self.listing)
+                        .map_err(DeviceProblem::from)
+                }
+                (None, None) => devices::container_edits(device, &inventory, &self.listing)
                     .map_err(DeviceProblem::from),
             };
             match edits_of {
                 Ok(allocation) => {
-                    // A device allocated for several requests is prepared once.
-                    if let Some(seen) = answer.iter_mut().find(|d| d.device_name == a.device) {
+                    // A device allocated for several requests is prepared once (a share of a
+                    // consumable device is its own each time: its own shareID and limits).
+                    if let Some(seen) = answer
+                        .iter_mut()
+                        .find(|d| d.device_name == a.device && d.share_id == a.share_id)
+                    {
                         seen.request_names.push(a.request.clone());
                         continue;
                     }
                     // The claim's own CDI device only where it has edits: with `cdi-cri`
                     // and no `envvar`, a device that is not an MPS share has none.
                     let device_edits = cdi::edits(&allocation);
+                    let entry = cdi::entry_name(&a.device, a.share_id.as_deref());
                     let mut cdi_device_ids = Vec::new();
                     if !device_edits.is_empty() {
-                        cdi_device_ids.push(cdi::device_id(&claim.uid, &a.device));
-                        edits.push((a.device.clone(), device_edits));
+                        cdi_device_ids.push(cdi::device_id(&claim.uid, &entry));
+                        edits.push((entry, device_edits));
                     }
                     cdi_device_ids.extend(allocation.cdi_devices.into_iter().map(|d| d.name));
                     answer.push(PreparedDevice {
@@ -245,10 +268,15 @@ impl Preparer {
                         pool_name: a.pool.clone(),
                         device_name: a.device.clone(),
                         cdi_device_ids,
+                        share_id: a.share_id.clone(),
+                        share,
                     });
                 }
                 Err(e) => problems.push(e),
             }
+        }
+        if problems.is_empty() {
+            problems.extend(over_committed(&slices, &answer, checkpoint));
         }
         let shown = || format!("{}/{}", claim.namespace, claim.name);
         if !problems.is_empty() {
@@ -257,10 +285,21 @@ impl Preparer {
                 problems: DeviceProblems(problems),
             });
         }
-        let edits = cdi::merge_claim_edits(edits).map_err(|source| PrepareError::Merge {
-            claim: shown(),
-            source,
-        })?;
+        let edits = if answer.iter().any(|d| d.share.is_some()) && edits.len() > 1 {
+            let share = answer.iter().find(|d| d.share.is_some()).expect("found");
+            return Err(PrepareError::Merge {
+                claim: shown(),
+                source: cdi::MergeError::ShareBesideOthers {
+                    share: share.device_name.clone(),
+                    others: edits.len() - 1,
+                },
+            });
+        } else {
+            cdi::merge_claim_edits(edits).map_err(|source| PrepareError::Merge {
+                claim: shown(),
+                source,
+            })?
+        };
         let spec = (!edits.is_empty()).then(|| cdi::spec(&claim.uid, edits));
         Ok((answer, spec))
     }
@@ -340,9 +379,49 @@ pub enum PrepareError {
     },
 }
 
+/// The shares of consumable devices in `answer` that, with those the prepared claims of
+/// `checkpoint` hold, would give out more of a device than it publishes: the scheduler never
+/// allocates so, so such an allocation did not come from it (or the device shrank), and
+/// preparing it would hand memory or compute out twice.
+fn over_committed(
+    slices: &[ResourceSlice],
+    answer: &[PreparedDevice],
+    checkpoint: &Checkpoint,
+) -> Vec<DeviceProblem> {
+    let mut problems = Vec::new();
+    let mut checked = std::collections::BTreeSet::new();
+    for new in answer.iter().filter(|d| d.share.is_some()) {
+        if !checked.insert(&new.device_name) {
+            continue;
+        }
+        let Some(device) = devices::find_published(slices, &new.pool_name, &new.device_name) else {
+            continue;
+        };
+        let same =
+            |d: &&PreparedDevice| d.device_name == new.device_name && d.pool_name == new.pool_name;
+        let held: Vec<consumable::Share> = checkpoint
+            .claims
+            .values()
+            .flat_map(|c| c.devices.iter())
+            .chain(answer.iter())
+            .filter(same)
+            .filter_map(|d| d.share)
+            .collect();
+        if let Some(why) = consumable::over_capacity(device, &held) {
+            problems.push(DeviceProblem::OverCommitted(why));
+        }
+    }
+    problems
+}
+
 /// Why one allocated device cannot be given to the claim's containers.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceProblem {
+    #[error(transparent)]
+    Share(#[from] consumable::ShareError),
+    /// The shares prepared on a consumable device would exceed it (the sentence says which).
+    #[error("{0}")]
+    OverCommitted(String),
     #[error("device {device} (request {request:?}) is not among the devices gpu-share publishes on node {node}")]
     NotPublished {
         device: String,

@@ -2,7 +2,8 @@
 //! object before validating and storing it, so the write succeeds and the fields are simply
 //! gone when read back. `DRAPartitionableDevices` (on by default, as in 1.36; off by default in
 //! 1.34 and 1.35, where the server drops every counter a driver publishes) and `DRADeviceTaints`
-//! (beta and on in 1.36, alpha and off before) are modelled.
+//! (beta and on in 1.36, alpha and off before) and `DRAConsumableCapacity` (beta and on in 1.36,
+//! alpha and off before) are modelled.
 //!
 //! Ported from `dropDisabledDRAPartitionableDevicesFields` in
 //! pkg/registry/resource/resourceslice/strategy.go (Kubernetes 1.36, as vendored by
@@ -62,6 +63,44 @@ fn uses_partitionable_devices(slice: &Value) -> bool {
             .into_iter()
             .flatten()
             .any(|d| non_empty(d.get("consumesCounters")))
+}
+
+/// `slice` as a server with `DRAConsumableCapacity` off stores it
+/// (`dropDisabledDRAConsumableCapacityFields`, pkg/registry/resource/resourceslice/strategy.go,
+/// 1.36): every device's `allowMultipleAllocations` and every capacity's `requestPolicy` become
+/// nil, unless the stored slice `old` already uses them (`draConsumableCapacityFeatureInUse`).
+/// The strategy runs before validation, so a policy on a device that is not multi-allocatable is
+/// dropped rather than refused.
+pub(crate) fn drop_consumable_capacity(slice: &mut Value, old: Option<&Value>) {
+    let in_use = |d: &Value| {
+        d.get("allowMultipleAllocations")
+            .is_some_and(|v| !v.is_null())
+            || d.get("capacity")
+                .and_then(Value::as_object)
+                .is_some_and(|c| {
+                    c.values()
+                        .any(|c| c.get("requestPolicy").is_some_and(|p| !p.is_null()))
+                })
+    };
+    let used = old
+        .and_then(|o| o.pointer("/spec/devices"))
+        .and_then(Value::as_array)
+        .is_some_and(|ds| ds.iter().any(in_use));
+    if used {
+        return;
+    }
+    for device in devices_mut(slice) {
+        device.remove("allowMultipleAllocations");
+        for capacity in device
+            .get_mut("capacity")
+            .and_then(Value::as_object_mut)
+            .into_iter()
+            .flat_map(|c| c.values_mut())
+            .filter_map(Value::as_object_mut)
+        {
+            capacity.remove("requestPolicy");
+        }
+    }
 }
 
 /// A device taint without `timeAdded` gets the time of the write, to the second

@@ -571,6 +571,14 @@ impl KubeDouble {
         self.with(|st| st.device_taints = enabled);
     }
 
+    /// Turns the API server's `DRAConsumableCapacity` feature gate on (the default, beta in
+    /// Kubernetes 1.36) or off (before 1.36): while off, ResourceSlice writes lose
+    /// `allowMultipleAllocations` and every capacity's `requestPolicy` as a real server drops
+    /// them (`feature_gates`).
+    pub fn set_consumable_capacity(&self, enabled: bool) {
+        self.with(|st| st.consumable_capacity = enabled);
+    }
+
     /// Stops (true) or resumes the simulated disruption controller. While stopped, PDB status is
     /// not recomputed; a PDB whose spec changed then has `observedGeneration < generation` and
     /// evictions get 429 "still being processed".

@@ -119,6 +119,9 @@ pub(crate) struct State {
     pub partitionable_devices: bool,
     /// The `DRADeviceTaints` gate (on, as in 1.36): off, ResourceSlice writes lose their taints.
     pub device_taints: bool,
+    /// The `DRAConsumableCapacity` gate (on, as in 1.36): off, ResourceSlice writes lose
+    /// `allowMultipleAllocations` and every `requestPolicy`.
+    pub consumable_capacity: bool,
     pub bookmark_interval: Duration,
     uid_seed: u64,
 }
@@ -246,6 +249,7 @@ impl State {
             disruption_paused: false,
             partitionable_devices: true,
             device_taints: true,
+            consumable_capacity: true,
             bookmark_interval: Duration::from_secs(1),
             uid_seed: seed,
         }
@@ -976,6 +980,9 @@ impl State {
             }
             if !self.device_taints {
                 crate::feature_gates::drop_device_taints(obj, old);
+            }
+            if !self.consumable_capacity {
+                crate::feature_gates::drop_consumable_capacity(obj, old);
             }
         }
         validate(kind, obj)

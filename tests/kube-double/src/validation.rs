@@ -21,6 +21,8 @@
 //!   label value, `effect` required and one of `NoExecute`, `NoSchedule`, `None`. Each message
 //!   below is the one the real 1.36.2 server of ../shared/testbed returned for such a taint
 //!   (`kubectl create --dry-run=server`).
+//! - `spec.devices[i].capacity[<name>].requestPolicy` (consumable capacity, 1.36): the rules of
+//!   [`device_capacities`], with `validateRequestPolicy`'s messages.
 
 use serde_json::Value;
 
@@ -229,6 +231,7 @@ pub(crate) fn resource_slice(kind: &KindInfo, name: &str, slice: &Value) -> Resu
         for (j, taint) in taints.iter().enumerate() {
             device_taint(kind, name, i, j, taint)?;
         }
+        device_capacities(kind, name, i, device)?;
         let n = len(device.get("attributes")) + len(device.get("capacity"));
         if n > MAX_ATTRIBUTES_AND_CAPACITIES {
             let field = format!("spec.devices[{i}]");
@@ -242,4 +245,193 @@ pub(crate) fn resource_slice(kind: &KindInfo, name: &str, slice: &Value) -> Resu
         }
     }
     Ok(())
+}
+
+/// `validateMultiAllocatableDeviceCapacity` / `validateSingleAllocatableDeviceCapacity` and
+/// `validateRequestPolicy` (pkg/apis/resource/validation/validation.go, Kubernetes 1.36): a
+/// capacity's `requestPolicy` only on a device with `allowMultipleAllocations: true`; one of
+/// `validValues` and `validRange`; `default` required with either; a range's `min` required,
+/// no larger than the capacity, no larger than `default`, `min` plus one `step` within the
+/// capacity and `default` (and `max`) a whole number of steps from `min`; values sorted, none
+/// larger than the capacity, `default` among them. The messages are the server's field errors.
+fn device_capacities(
+    kind: &KindInfo,
+    name: &str,
+    i: usize,
+    device: &Value,
+) -> Result<(), ApiError> {
+    let multiple = device.get("allowMultipleAllocations") == Some(&Value::Bool(true));
+    let Some(capacities) = device.get("capacity").and_then(Value::as_object) else {
+        return Ok(());
+    };
+    for (key, capacity) in capacities {
+        let Some(policy) = capacity.get("requestPolicy").filter(|p| !p.is_null()) else {
+            continue;
+        };
+        let path = format!("spec.devices[{i}].capacity[{key}].requestPolicy");
+        let invalid = |field: &str, what: String| {
+            Err(ApiError::invalid(
+                kind,
+                name,
+                &format!("{path}{field}"),
+                &what,
+            ))
+        };
+        if !multiple {
+            return invalid(
+                "",
+                "Forbidden: allowMultipleAllocations must be true".into(),
+            );
+        }
+        let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+        let value = text(capacity.get("value")).unwrap_or_default();
+        let max = quantity(&value);
+        let default = text(policy.get("default"));
+        let values: Vec<String> = policy
+            .get("validValues")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(|v| text(Some(v))).collect())
+            .unwrap_or_default();
+        let range = policy.get("validRange").filter(|r| !r.is_null());
+        if !values.is_empty() && range.is_some() {
+            return invalid(
+                "",
+                "Forbidden: exactly one policy can be specified, cannot specify \"validValues\" and \"validRange\" at the same time".into(),
+            );
+        }
+        if !values.is_empty() {
+            let Some(default) = default else {
+                return invalid(
+                    ".default",
+                    "Required value: required when validValues is defined".into(),
+                );
+            };
+            for k in 1..values.len() {
+                if quantity(&values[k - 1]) > quantity(&values[k]) {
+                    return invalid(
+                        &format!(".validValues[{k}]"),
+                        format!(
+                            "Invalid value: \"{}\": values must be sorted in ascending order",
+                            values[k]
+                        ),
+                    );
+                }
+            }
+            for (k, option) in values.iter().enumerate() {
+                if quantity(option) > max {
+                    return invalid(
+                        &format!(".validValues[{k}]"),
+                        format!("Invalid value: \"{option}\": option is larger than capacity value: {value}"),
+                    );
+                }
+            }
+            if !values.iter().any(|v| quantity(v) == quantity(&default)) {
+                return invalid(
+                    ".validValues",
+                    format!("Invalid value: \"{default}\": default value is not valid according to the requestPolicy"),
+                );
+            }
+        } else if let Some(range) = range {
+            let Some(default) = default else {
+                return invalid(
+                    ".default",
+                    "Required value: required when validRange is defined".into(),
+                );
+            };
+            let Some(min) = text(range.get("min")) else {
+                return invalid(
+                    ".validRange.min",
+                    "Required value: required when validRange is defined".into(),
+                );
+            };
+            let (d, m) = (quantity(&default), quantity(&min));
+            if m > max {
+                return invalid(
+                    ".validRange.min",
+                    format!("Invalid value: \"{min}\": min is larger than capacity value: {value}"),
+                );
+            }
+            if d < m {
+                return invalid(
+                    ".validRange.min",
+                    format!("Invalid value: \"{default}\": default is less than min: {min}"),
+                );
+            }
+            let top = text(range.get("max"));
+            if let Some(top) = &top {
+                let t = quantity(top);
+                if m > t {
+                    return invalid(
+                        ".validRange.max",
+                        format!("Invalid value: \"{min}\": min is larger than max: {top}"),
+                    );
+                }
+                if t > max {
+                    return invalid(
+                        ".validRange.max",
+                        format!(
+                            "Invalid value: \"{top}\": max is larger than capacity value: {value}"
+                        ),
+                    );
+                }
+                if d > t {
+                    return invalid(
+                        ".validRange.max",
+                        format!("Invalid value: \"{default}\": default is more than max: {top}"),
+                    );
+                }
+            }
+            if let Some(step) = text(range.get("step")) {
+                let s = quantity(&step);
+                if m + s > max {
+                    return invalid(
+                        ".validRange.step",
+                        format!("Invalid value: \"{step}\": one step {} is larger than capacity value: {value}", m + s),
+                    );
+                }
+                for (shown, v) in [
+                    (Some(default.clone()), d),
+                    (top.clone(), top.as_deref().map_or(0, quantity)),
+                ] {
+                    let Some(shown) = shown else { continue };
+                    if s != 0 && (v - m) % s != 0 {
+                        return invalid(
+                            ".validRange.step",
+                            format!("Invalid value: \"{shown}\": value is not a multiple of a given step ({step}) from ({min})"),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A quantity's value (`Quantity.Value()`, whole numbers only): digits, then a binary (`Ki` …
+/// `Ei`) or decimal (`k` … `E`) suffix. What the double does not read counts as 0.
+pub(crate) fn quantity(text: &str) -> i128 {
+    let end = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, suffix) = text.split_at(end);
+    let Ok(n) = digits.parse::<i128>() else {
+        return 0;
+    };
+    let scale: i128 = match suffix {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        "Ei" => 1 << 60,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "E" => 1_000_000_000_000_000_000,
+        _ => return 0,
+    };
+    n.saturating_mul(scale)
 }

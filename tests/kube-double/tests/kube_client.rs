@@ -1310,6 +1310,149 @@ async fn dra_device_taints_the_apiserver_refuses_are_refused() {
     );
 }
 
+/// Consumable capacity the API server refuses (`validateMultiAllocatableDeviceCapacity`,
+/// `validateSingleAllocatableDeviceCapacity`, `validateRequestPolicy` and its helpers in
+/// pkg/apis/resource/validation/validation.go, Kubernetes 1.36, as vendored by
+/// openshift/microshift), one case per rule, each message the server's field error; the
+/// policy gpu-share publishes (`dra::consumable`) is accepted.
+#[tokio::test]
+async fn dra_consumable_capacity_the_apiserver_refuses_is_refused() {
+    let double = KubeDouble::start();
+    let slices = resource_slice_api(&double).await;
+    let pp = PostParams::default();
+    let device = |multiple: bool, policy: serde_json::Value| {
+        json!({"devices": [{"name": "gpu-0-mps", "allowMultipleAllocations": multiple,
+            "capacity": {"memory": {"value": "80Gi", "requestPolicy": policy}}}]})
+    };
+    let range = |default: &str, min: &str, step: &str| json!({"default": default, "validRange": {"min": min, "step": step}});
+    let at = "spec.devices[0].capacity[memory].requestPolicy";
+    let refused = [
+        (
+            "single",
+            device(false, range("4Gi", "1Gi", "1Gi")),
+            format!("{at}: Forbidden: allowMultipleAllocations must be true"),
+        ),
+        (
+            "both",
+            device(true, json!({"default": "1Gi", "validValues": ["1Gi"], "validRange": {"min": "1Gi"}})),
+            format!("{at}: Forbidden: exactly one policy can be specified"),
+        ),
+        (
+            "values-no-default",
+            device(true, json!({"validValues": ["1Gi"]})),
+            format!("{at}.default: Required value: required when validValues is defined"),
+        ),
+        (
+            "range-no-default",
+            device(true, json!({"validRange": {"min": "1Gi"}})),
+            format!("{at}.default: Required value: required when validRange is defined"),
+        ),
+        (
+            "range-no-min",
+            device(true, json!({"default": "1Gi", "validRange": {"step": "1Gi"}})),
+            format!("{at}.validRange.min: Required value: required when validRange is defined"),
+        ),
+        (
+            "min-over-capacity",
+            device(true, range("90Gi", "90Gi", "1Gi")),
+            format!("{at}.validRange.min: Invalid value: \"90Gi\": min is larger than capacity value: 80Gi"),
+        ),
+        (
+            "default-under-min",
+            device(true, range("1Gi", "2Gi", "1Gi")),
+            format!("{at}.validRange.min: Invalid value: \"1Gi\": default is less than min: 2Gi"),
+        ),
+        (
+            "step-over-capacity",
+            device(true, range("1Gi", "1Gi", "80Gi")),
+            format!("{at}.validRange.step: Invalid value: \"80Gi\": one step"),
+        ),
+        (
+            "default-off-step",
+            device(true, range("3Gi", "1Gi", "4Gi")),
+            format!("{at}.validRange.step: Invalid value: \"3Gi\": value is not a multiple of a given step (4Gi) from (1Gi)"),
+        ),
+        (
+            "values-unsorted",
+            device(true, json!({"default": "1Gi", "validValues": ["2Gi", "1Gi"]})),
+            format!("{at}.validValues[1]: Invalid value: \"1Gi\": values must be sorted in ascending order"),
+        ),
+        (
+            "value-over-capacity",
+            device(true, json!({"default": "1Gi", "validValues": ["1Gi", "90Gi"]})),
+            format!("{at}.validValues[1]: Invalid value: \"90Gi\": option is larger than capacity value: 80Gi"),
+        ),
+        (
+            "default-not-a-value",
+            device(true, json!({"default": "3Gi", "validValues": ["1Gi", "2Gi"]})),
+            format!("{at}.validValues: Invalid value: \"3Gi\": default value is not valid according to the requestPolicy"),
+        ),
+    ];
+    for (name, spec, message) in refused {
+        let err = api_status(
+            slices
+                .create(&pp, &resource_slice(name, spec))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!(err.code, 422, "{name}");
+        assert!(err.message.contains(&message), "{name}: {}", err.message);
+    }
+    slices
+        .create(
+            &pp,
+            &resource_slice("accepted", device(true, range("4Gi", "1Gi", "1Gi"))),
+        )
+        .await
+        .unwrap();
+}
+
+/// With `DRAConsumableCapacity` off (before 1.36) the API server stores a slice without
+/// `allowMultipleAllocations` and without any capacity's `requestPolicy`
+/// (`dropDisabledDRAConsumableCapacityFields`, pkg/registry/resource/resourceslice/strategy.go,
+/// 1.36) and accepts the write; a stored slice already using them keeps them.
+#[tokio::test]
+async fn dra_consumable_capacity_is_dropped_when_the_gate_is_off() {
+    let double = KubeDouble::start();
+    let slices = resource_slice_api(&double).await;
+    let pp = PostParams::default();
+    let shared = json!({"devices": [{"name": "gpu-0-mps", "allowMultipleAllocations": true,
+        "capacity": {"memory": {"value": "80Gi",
+            "requestPolicy": {"default": "4Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}}}}]});
+    let kept = slices
+        .create(&pp, &resource_slice("on", shared.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        kept.data["spec"]["devices"][0]["allowMultipleAllocations"],
+        true
+    );
+
+    double.set_consumable_capacity(false);
+    let stored = slices
+        .create(&pp, &resource_slice("off", shared.clone()))
+        .await
+        .unwrap();
+    let device = &stored.data["spec"]["devices"][0];
+    assert_eq!(device.get("allowMultipleAllocations"), None, "dropped");
+    assert_eq!(
+        device["capacity"]["memory"].get("requestPolicy"),
+        None,
+        "dropped"
+    );
+    assert_eq!(
+        device["capacity"]["memory"]["value"], "80Gi",
+        "the capacity stays"
+    );
+    let mut again = resource_slice("on", shared);
+    again.metadata.resource_version = kept.metadata.resource_version.clone();
+    let replaced = slices.replace("on", &pp, &again).await.unwrap();
+    assert_eq!(
+        replaced.data["spec"]["devices"][0]["allowMultipleAllocations"], true,
+        "in use: kept"
+    );
+}
+
 /// With `DRADeviceTaints` off (before 1.36) the API server stores a slice without its devices'
 /// taints (`dropDisabledDRADeviceTaintsFields`, pkg/registry/resource/resourceslice/strategy.go),
 /// unless the stored slice already has a tainted device; the write succeeds.
