@@ -31,6 +31,7 @@ use gpu_share::profile::{parse_profile, PluginOptions};
 use gpu_share::sharing::PluginKind;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube_double::KubeDouble;
+use node_sim::consumable_scheduler::{consumed_capacity, fits, Consumed, NotAllocated};
 use node_sim::{claim, profile_text, DraKubelet};
 use serde_json::json;
 use tokio::sync::watch;
@@ -194,6 +195,35 @@ impl Node {
                 json!({"request": request, "driver": DRIVER, "pool": NODE, "device": device})
             })
 .collect();
+        let status = json!({"status": {"allocation": {"devices": {"results": results}}}});
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+        created.metadata.uid.unwrap()
+    }
+
+    /// Create a claim and allocate it one share of the consumable `device` per entry of
+    /// `shares` (request name, shareID, consumedCapacity), as the scheduler writes a share of a
+    /// device with `allowMultipleAllocations`. Returns its UID.
+    async fn allocated_shares(
+        &self,
+        name: &str,
+        device: &str,
+        shares: &[(&str, &str, &Consumed)],
+    ) -> String {
+        let api = claims(&self.api);
+        let mut obj = DynamicObject::new(name, &kubelet_plugin::claim::resource()).within(NS);
+        obj.data = json!({"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpu-share.dev"}}
+        ]}}});
+        let created = api.create(&PostParams::default(), &obj).await.unwrap();
+        let results: Vec<_> = shares
+            .iter()
+            .map(|(request, share_id, consumed)| {
+                json!({"request": request, "driver": DRIVER, "pool": NODE, "device": device,
+                       "shareID": share_id, "consumedCapacity": consumed})
+            })
+            .collect();
         let status = json!({"status": {"allocation": {"devices": {"results": results}}}});
         api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
             .await
@@ -910,4 +940,216 @@ async fn a_claims_devices_are_all_visible_to_its_container() {
         "nothing written for a refused claim"
     );
     plugin.shutdown().await;
+}
+
+/// What a claim asks of a consumable device, as `capacity: {requests: {...}}`.
+fn asks(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The spec env of the claim's only device, and that device's CDI name.
+fn share_env(node: &Node, uid: &str) -> (String, Vec<String>) {
+    let spec = node.spec(uid);
+    assert_eq!(spec.devices.len(), 1, "{spec:?}");
+    (
+        spec.devices[0].name.clone(),
+        spec.devices[0].container_edits.env.clone(),
+    )
+}
+
+/// Fractional GPUs (`dra/h100-fractional`): claims sharing one consumable MPS GPU each get a
+/// CDI device of their own (named with the shareID) whose MPS limits are what the scheduler
+/// gave that claim (its `consumedCapacity`, computed by the port of the scheduler's arithmetic
+/// in node-sim); the daemon is the GPU's one daemon. Unpreparing one claim leaves the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_sharing_a_consumable_gpu_get_their_own_mps_limits() {
+    let node = Node::with_profile("dra/h100-fractional");
+    let plugin = node.start().await;
+    let gpu = node.device("mps", 0);
+    assert_eq!(gpu.name, "gpu-0-mps");
+    assert!(gpu.is_consumable());
+
+    // A 10 GiB, 25 % claim; one asking nothing (the policy's defaults, 4Gi and 10);
+    // one asking 9.5 GiB and 12 %, rounded up to the next steps (10Gi, 15).
+    let big = consumed_capacity(&gpu, &asks(&[("memory", "10Gi"), ("compute", "25")])).unwrap();
+    let plain = consumed_capacity(&gpu, &asks(&[])).unwrap();
+    let rounded =
+        consumed_capacity(&gpu, &asks(&[("memory", "9728Mi"), ("compute", "12")])).unwrap();
+    assert_eq!(
+        (plain["memory"].as_str(), plain["compute"].as_str()),
+        ("4Gi", "10")
+    );
+    assert_eq!(
+        (rounded["memory"].as_str(), rounded["compute"].as_str()),
+        ("10Gi", "15")
+    );
+    let mut held: Vec<Consumed> = Vec::new();
+    let mut uids = Vec::new();
+    for (name, consumed, share) in [
+        ("big", &big, "s-1"),
+        ("plain", &plain, "s-2"),
+        ("rounded", &rounded, "s-3"),
+    ] {
+        fits(&gpu, &held, consumed).unwrap();
+        held.push(consumed.clone());
+        let uid = node
+            .allocated_shares(name, &gpu.name, &[("gpu", share, consumed)])
+            .await;
+        let answer = node.prepare(name, &uid).await;
+        assert_eq!(answer.error, "", "{name}");
+        assert_eq!(answer.devices[0].share_id.as_deref(), Some(share));
+        assert_eq!(
+            answer.devices[0].cdi_device_ids[0],
+            format!("gpu.gpu-share.dev/claim={uid}-gpu-0-mps-{share}")
+        );
+        uids.push(uid);
+    }
+    let limits = |uid: &str| {
+        let (_, env) = share_env(&node, uid);
+        let get = |key: &str| {
+            env.iter()
+                .find_map(|e| e.strip_prefix(&format!("{key}=")))
+                .unwrap_or_else(|| panic!("{key} in {env:?}"))
+                .to_string()
+        };
+        (
+            get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+            get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+            get("CUDA_MPS_PIPE_DIRECTORY"),
+        )
+    };
+    let (pinned, threads, pipe) = limits(&uids[0]);
+    assert_eq!((pinned.as_str(), threads.as_str()), ("0=10240M", "25"));
+    assert_eq!(limits(&uids[1]).0, "0=4096M");
+    assert_eq!(limits(&uids[1]).1, "10");
+    assert_eq!(limits(&uids[2]).0, "0=10240M");
+    assert_eq!(limits(&uids[2]).1, "15");
+    assert!(
+        uids.iter().all(|u| limits(u).2 == pipe),
+        "one daemon for the GPU"
+    );
+    let shares: Vec<_> = node
+        .checkpoint()
+        .claims
+        .values()
+        .flat_map(|c| c.devices.iter().filter_map(|d| d.share))
+        .collect();
+    assert_eq!(shares.len(), 3, "the checkpoint keeps each share");
+
+    assert_eq!(node.unprepare("big", &uids[0]).await, "");
+    assert!(!node.spec_path(&uids[0]).exists());
+    assert_eq!(limits(&uids[1]).0, "0=4096M", "the others stay");
+    assert!(node.spec_path(&uids[2]).exists());
+    plugin.shutdown().await;
+}
+
+/// Bad allocations of a consumable GPU fail their own claim only, each with a message naming
+/// the claim, the device and the amount: no `consumedCapacity` (a scheduler without the
+/// feature), more than the device publishes, and shares that together exceed the device (not
+/// what the scheduler allocates: nothing is handed out twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_shares_of_a_consumable_gpu_fail_alone_and_say_why() {
+    let node = Node::with_profile("dra/h100-fractional");
+    let plugin = node.start().await;
+    let gpu = node.device("mps", 0);
+    let half = consumed_capacity(&gpu, &asks(&[("memory", "36Gi"), ("compute", "50")])).unwrap();
+    let first = node
+        .allocated_shares("first", &gpu.name, &[("gpu", "s-1", &half)])
+        .await;
+    assert_eq!(node.prepare("first", &first).await.error, "");
+
+    let none = node
+        .allocated_shares("none", &gpu.name, &[("gpu", "s-2", &Consumed::new())])
+        .await;
+    let error = node.prepare("none", &none).await.error;
+    assert!(
+        error.starts_with("ResourceClaim team-a/none: device gpu-0-mps is shared by capacity, but the allocation gives no consumedCapacity \"memory\""),
+        "{error}"
+    );
+    let mut over = half.clone();
+    over.insert("memory".into(), "100Gi".into());
+    let too_big = node
+        .allocated_shares("too-big", &gpu.name, &[("gpu", "s-3", &over)])
+        .await;
+    let error = node.prepare("too-big", &too_big).await.error;
+    assert!(
+        error.contains("team-a/too-big")
+            && error.contains(
+                "consumedCapacity \"memory\" is 100Gi, more than the 81559Mi the device publishes"
+            ),
+        "{error}"
+    );
+    // The scheduler would not allocate a third 36Gi/50 % share beside two: the port says so,
+    // and Prepare refuses such an allocation all the same.
+    let second = node
+        .allocated_shares("second", &gpu.name, &[("gpu", "s-4", &half)])
+        .await;
+    assert_eq!(node.prepare("second", &second).await.error, "");
+    assert_eq!(
+        fits(&gpu, &[half.clone(), half.clone()], &half),
+        Err(NotAllocated::Full {
+            capacity: "compute".into()
+        })
+    );
+    let third = node
+        .allocated_shares("third", &gpu.name, &[("gpu", "s-5", &half)])
+        .await;
+    let error = node.prepare("third", &third).await.error;
+    assert!(
+        error.contains("team-a/third") && error.contains("device gpu-0-mps: the prepared shares would hold 110592 MiB of its 81559 MiB memory"),
+        "{error}"
+    );
+    for refused in [&none, &too_big, &third] {
+        assert!(
+            !node.spec_path(refused).exists(),
+            "nothing written for a refused claim"
+        );
+    }
+    assert!(node.spec_path(&first).exists() && node.spec_path(&second).exists());
+    assert_eq!(
+        node.checkpoint().claims.len(),
+        2,
+        "only the good claims are prepared"
+    );
+    plugin.shutdown().await;
+}
+
+/// The scheduler's refusals for consumable capacity (the port of consumable_capacity.go the
+/// tests play the scheduler with, checked against gpu-share's published policy): an ask for a
+/// capacity the device lacks, an ask past what is left, and more clients than `replicas`.
+#[test]
+fn the_scheduler_port_refuses_what_the_scheduler_refuses() {
+    let (slices, _) = published("dra/h100-fractional");
+    let gpu = slices[0].spec.devices[0].clone();
+    assert_eq!(
+        consumed_capacity(&gpu, &asks(&[("sms", "10")])),
+        Err(NotAllocated::UnknownCapacity("sms".into()))
+    );
+    assert_eq!(
+        consumed_capacity(&gpu, &asks(&[("clients", "2")])),
+        Err(NotAllocated::ViolatesPolicy {
+            capacity: "clients".into(),
+            amount: "2".into()
+        })
+    );
+    let whole = consumed_capacity(&gpu, &asks(&[("memory", "90Gi")])).unwrap();
+    assert_eq!(
+        fits(&gpu, &[], &whole),
+        Err(NotAllocated::Full {
+            capacity: "memory".into()
+        })
+    );
+    let small = consumed_capacity(&gpu, &asks(&[("memory", "1Gi"), ("compute", "5")])).unwrap();
+    let sixteen = vec![small.clone(); 16];
+    assert_eq!(fits(&gpu, &sixteen[..15], &small), Ok(()));
+    assert_eq!(
+        fits(&gpu, &sixteen, &small),
+        Err(NotAllocated::Full {
+            capacity: "clients".into()
+        }),
+        "16 MPS clients at most"
+    );
 }

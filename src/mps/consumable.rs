@@ -250,7 +250,7 @@ mod tests {
                 .any(|m| m.contains("plus one") && m.contains("105 %")),
             "{p:?}"
         );
-        let m = mps(["4Gi", "1Gi", "80Gi"], [10, 5, 5]);
+        let m = mps(["1Gi", "1Gi", "80Gi"], [10, 5, 5]);
         let e = shares(&m, Some(81559), "this GPU's").unwrap_err();
         assert!(
             e.to_string()

@@ -26,7 +26,7 @@ mod server;
 mod status;
 mod store;
 mod validation;
-pub use validation::is_qualified_name;
+pub use validation::{is_qualified_name, quantity};
 
 pub mod fixtures;
 

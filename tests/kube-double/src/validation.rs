@@ -409,7 +409,7 @@ fn device_capacities(
 
 /// A quantity's value (`Quantity.Value()`, whole numbers only): digits, then a binary (`Ki` …
 /// `Ei`) or decimal (`k` … `E`) suffix. What the double does not read counts as 0.
-pub(crate) fn quantity(text: &str) -> i128 {
+pub fn quantity(text: &str) -> i128 {
     let end = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());

@@ -26,6 +26,7 @@ use nvidia_ml::{cdylib_path, read_log, Gpu, LogEntry, State};
 
 mod agent;
 mod cli;
+pub mod consumable_scheduler;
 mod device_plugins;
 mod dra_kubelet;
 mod dra_node;
