@@ -566,6 +566,110 @@ fn a_static_mig_profile_is_published_without_counters_where_the_server_drops_the
     assert!(note.contains("so none is handed out twice"), "{note}");
 }
 
+/// Fractional GPUs (`dra/h100-fractional`) on a 1.36 server: each GPU is published as one
+/// consumable device, `gpu-<i>-mps`, exactly as `plan` prints it, stored with
+/// `allowMultipleAllocations` and its capacities' request policies.
+#[test]
+fn a_fractional_profile_publishes_one_consumable_device_per_gpu() {
+    let api = Arc::new(KubeDouble::start());
+    // Under a key a real ConfigMap takes (no `/`).
+    profiles_configmap(
+        &api,
+        &[],
+        &[("h100-fractional", profile_text("dra/h100-fractional"))],
+    );
+    let node = dra_node(&api, "dra-fractional", "h100");
+    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-fractional"));
+    let text = profile_text("dra/h100-fractional");
+    wait_applied_text(
+        &api,
+        &node,
+        &text,
+        Duration::from_secs(30),
+        "h100-fractional",
+    );
+    let want = device_names(&planned(&node, "dra/h100-fractional"));
+    assert_eq!(want.len(), 8);
+    assert!(want.contains("gpu-7-mps"), "{want:?}");
+    assert!(
+        api.wait_until(Duration::from_secs(10), |a| device_names(&published(
+            a, &node.name
+        )) == want)
+    );
+    for slice in published(&api, &node.name) {
+        for device in slice["spec"]["devices"].as_array().unwrap() {
+            assert_eq!(device["allowMultipleAllocations"], true, "{device}");
+            let memory = &device["capacity"]["memory"];
+            assert_eq!(memory["requestPolicy"]["default"], "4096Mi", "{device}");
+            assert_eq!(device["capacity"]["clients"]["value"], "16", "{device}");
+            assert!(
+                device["attributes"]["parentUUID"].is_null()
+                    && device["attributes"]["uuid"]["string"].is_string()
+            );
+        }
+    }
+}
+
+/// A server with `DRAConsumableCapacity` off (before 1.36; the double drops the fields as the
+/// apiserver's ResourceSlice strategy does) never ends up with a consumable device one claim
+/// would get whole: the agent finds the fields gone in the stored answer and publishes each
+/// GPU as 16 fixed MPS shares with an even memory split, and says so once in a Warning Event
+/// naming the GPUs and the gate.
+#[test]
+fn a_server_without_consumable_capacity_gets_fixed_shares_and_a_warning() {
+    let api = Arc::new(KubeDouble::start());
+    api.set_consumable_capacity(false);
+    // Under a key a real ConfigMap takes (no `/`).
+    profiles_configmap(
+        &api,
+        &[],
+        &[("h100-fractional", profile_text("dra/h100-fractional"))],
+    );
+    let node = dra_node(&api, "dra-no-consumable", "h100");
+    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-fractional"));
+    let text = profile_text("dra/h100-fractional");
+    wait_applied_text(
+        &api,
+        &node,
+        &text,
+        Duration::from_secs(30),
+        "h100-fractional",
+    );
+    let shares_only = |a: &KubeDouble| {
+        let names = device_names(&published(a, &node.name));
+        names.len() == 128 && names.iter().all(|n| n.contains("-share-"))
+    };
+    assert!(
+        api.wait_until(Duration::from_secs(10), shares_only),
+        "{:?}",
+        device_names(&published(&api, &node.name))
+    );
+    let slices = published(&api, &node.name);
+    generation(&slices);
+    for slice in &slices {
+        for device in slice["spec"]["devices"].as_array().unwrap() {
+            assert!(device.get("allowMultipleAllocations").is_none(), "{device}");
+            assert_eq!(
+                device["attributes"]["mpsPinnedMemoryLimitMiB"]["int"], 5097,
+                "{device}"
+            );
+            assert!(
+                device["attributes"]["parentUUID"]["string"].is_string(),
+                "{device}"
+            );
+        }
+    }
+    api.wait_until(Duration::from_secs(10), |a| {
+        !events_of(a, "ConsumableCapacityDropped").is_empty()
+    });
+    let events = events_of(&api, "ConsumableCapacityDropped");
+    assert_eq!(events.len(), 1, "reported once: {events:?}");
+    assert_eq!(events[0].type_.as_deref(), Some("Warning"));
+    let note = events[0].note.clone().unwrap_or_default();
+    assert!(note.contains("DRAConsumableCapacity off"), "{note}");
+    assert!(note.contains("0 (16 shares of 5097 MiB)"), "{note}");
+}
+
 /// Every published device of `node` with its taints (devices without taints left out).
 fn taints_of(api: &KubeDouble, node: &str) -> BTreeMap<String, Value> {
     published(api, node)

@@ -269,6 +269,43 @@ mod tests {
         assert!(p.iter().all(|m| m.contains("can only tighten")), "{p:?}");
     }
 
+    /// The daemon of consumable GPUs gets no defaults (module doc: a client only tightens
+    /// them), and a fixed-MPS rule with a thread default beside a consumable one is refused: the
+    /// two would share one daemon and its default would cap every claim.
+    #[test]
+    fn the_daemon_of_consumable_gpus_has_no_defaults() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/profiles/dra/h100-fractional.yaml"
+        ))
+        .unwrap();
+        let profile = crate::profile::parse_profile("f", &text).unwrap();
+        let node = crate::gpu::ObservedNode::simulated(&["h100x2".to_string()]);
+        let plan =
+            crate::plan::plan_for("f", &profile, &node, crate::sharing::PluginKind::Dra).unwrap();
+        let specs =
+            super::super::daemon::specs_from_plan(&plan.gpus, plan.mig_strategy, &node).unwrap();
+        assert_eq!(specs.len(), 1);
+        assert_eq!(specs[0].active_thread_percentage, None);
+        assert_eq!(specs[0].gpus.len(), 2);
+        assert!(specs[0]
+            .gpus
+            .iter()
+            .all(|g| g.pinned_memory_limit_mib.is_none()));
+
+        let mixed = text.replace("devices: all", "devices: [0]")
+            + "  - devices: [1]\n    mps: {replicas: 4, activeThreadPercentage: 25}\n";
+        let profile = crate::profile::parse_profile("f", &mixed).unwrap();
+        let problems =
+            crate::validate::validate_for("f", &profile, crate::sharing::PluginKind::Dra);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.is_error() && p.message.contains("one MPS control daemon")),
+            "{problems:?}"
+        );
+    }
+
     #[test]
     fn bad_sizes_and_percentages_are_named() {
         let p = validate(&mps(["lots", "1Gi", "0Mi"], [0, 101, 5]));
