@@ -260,10 +260,7 @@ fn rule(i: usize, spec: Spec, devices: Vec<u32>) -> Rule {
             "mig"
         }
         Spec::TimeSliced(replicas) => {
-            rule.time_slicing = Some(TimeSlicing {
-                replicas,
-                consumable: None,
-            });
+            rule.time_slicing = Some(TimeSlicing { replicas });
             "time-sliced"
         }
         Spec::Mps {

@@ -178,13 +178,11 @@ pub struct TimeSlicing {
     #[serde(deserialize_with = "counts::time_slicing_replicas")]
     #[schemars(range(min = MIN_TIME_SLICING_REPLICAS, max = MAX_TIME_SLICING_REPLICAS))]
     pub replicas: i64,
-    /// Not offered: time-slicing isolates neither memory nor compute (every share sees the
-    /// whole GPU), so a share sized in memory or compute would promise what nothing enforces.
-    /// Read only to refuse it with that reason (`mps: {consumable: ...}` enforces shares).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(skip)]
-    pub consumable: Option<serde_yaml::Value>,
 }
+
+/// Why `timeSlicing` has no `consumable` (said after serde's "unknown field"): a share sized in
+/// memory or compute would promise an isolation nothing enforces.
+pub const TIME_SLICING_NOT_CONSUMABLE: &str = "time-slicing is never offered as consumable: it isolates neither memory nor compute (every share sees the whole GPU's memory and all its SMs in turn), so a share sized in memory or compute would promise what nothing enforces; use `mps: {replicas: N, consumable: {...}}`, whose limits MPS enforces per claim";
 
 /// MPS settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -16,8 +16,17 @@ pub struct NamedProfile {
 /// Parse one profile's YAML text. Text over [`MAX_PROFILE_BYTES`] is refused unread.
 pub fn parse_profile(name: &str, text: &str) -> Result<Profile, Problem> {
     check_size(name, "profile", text.len())?;
-    serde_yaml::from_str::<Profile>(text)
-        .map_err(|e| Problem::error(name, format!("cannot read the profile: {e}")))
+    serde_yaml::from_str::<Profile>(text).map_err(|e| {
+        let why = if e
+            .to_string()
+            .contains("timeSlicing: unknown field `consumable`")
+        {
+            format!("; {}", super::format::TIME_SLICING_NOT_CONSUMABLE)
+        } else {
+            String::new()
+        };
+        Problem::error(name, format!("cannot read the profile: {e}{why}"))
+    })
 }
 
 /// Refuse `len` bytes of `what` over [`MAX_PROFILE_BYTES`], before any parsing.

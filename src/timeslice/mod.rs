@@ -12,9 +12,6 @@ pub use crate::profile::{
 
 /// Problems with a `timeSlicing` block, as sentences.
 pub fn validate(ts: &TimeSlicing) -> Vec<String> {
-    if ts.consumable.is_some() {
-        return vec![NOT_CONSUMABLE.to_string()];
-    }
     if ts.replicas > MAX_REPLICAS {
         return vec![format!(
             "timeSlicing.replicas is {}, but it must be between {MIN_REPLICAS} and {MAX_REPLICAS}: each replica is one device listed to the kubelet, and a node runs at most 110 pods by default",
@@ -34,10 +31,6 @@ pub fn validate(ts: &TimeSlicing) -> Vec<String> {
     }
     Vec::new()
 }
-
-/// Why time-sliced GPUs are never offered as consumable capacity: a share sized in memory or
-/// compute would promise an isolation nothing enforces.
-pub const NOT_CONSUMABLE: &str = "timeSlicing.consumable is not offered: time-slicing isolates neither memory nor compute (every share sees the whole GPU's memory and all its SMs in turn), so a share sized in memory or compute would promise what nothing enforces; use `mps: {replicas: N, consumable: {...}}`, whose limits MPS enforces per claim";
 
 /// How many schedulable devices one time-sliced device becomes.
 pub fn replicas(ts: Option<&TimeSlicing>) -> u64 {
@@ -73,43 +66,32 @@ mod tests {
     #[test]
     fn replicas_below_two_are_refused_with_the_plugins_reason() {
         for r in [-3, 0, 1] {
-            let p = validate(&TimeSlicing {
-                replicas: r,
-                consumable: None,
-            });
+            let p = validate(&TimeSlicing { replicas: r });
             assert_eq!(p.len(), 1);
             assert!(p[0].contains("must be >= 2"), "{}", p[0]);
         }
-        assert!(validate(&TimeSlicing {
-            replicas: 1,
-            consumable: None
-        })[0]
-            .contains("exclusive: true"));
-        assert!(validate(&TimeSlicing {
-            replicas: 2,
-            consumable: None
-        })
-        .is_empty());
+        assert!(validate(&TimeSlicing { replicas: 1 })[0].contains("exclusive: true"));
+        assert!(validate(&TimeSlicing { replicas: 2 }).is_empty());
     }
 
     #[test]
     fn time_slices_are_never_consumable() {
-        let ts: TimeSlicing =
-            serde_yaml::from_str("{replicas: 4, consumable: {memory: {default: 4Gi}}}").unwrap();
-        assert_eq!(validate(&ts), [NOT_CONSUMABLE]);
-        assert!(NOT_CONSUMABLE.contains("isolates neither memory nor compute"));
+        let text = "version: v1\nrules:\n  - devices: all\n    timeSlicing: {replicas: 4, consumable: {}}\n";
+        let e = crate::profile::parse_profile("p", text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `consumable`"), "{e}");
+        assert!(e.contains("isolates neither memory nor compute"), "{e}");
     }
 
     #[test]
     fn replicas_above_the_cap_are_refused() {
         assert!(validate(&TimeSlicing {
-            replicas: MAX_REPLICAS,
-            consumable: None,
+            replicas: MAX_REPLICAS
         })
         .is_empty());
         let p = validate(&TimeSlicing {
             replicas: 1_000_000_000,
-            consumable: None,
         });
         assert_eq!(p.len(), 1);
         assert!(
