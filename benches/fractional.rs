@@ -21,6 +21,8 @@
 //! `cargo bench --bench fractional`. Knobs: `GPU_SHARE_BENCH_GPUS` (8),
 //! `GPU_SHARE_BENCH_TENANTS` (600), `GPU_SHARE_BENCH_SEED` (printed).
 
+// Only its knobs: this harness prints no percentiles.
+#[allow(dead_code)]
 #[path = "figures.rs"]
 mod figures;
 
@@ -76,36 +78,36 @@ impl Rng {
     }
 }
 
-/// Inference tenants: models from 0.5 to 70 billion parameters (many small, few large), in
-/// FP16, INT8 or INT4. Memory: the weights plus 30 % for KV cache and activations plus a 600 MiB
-/// CUDA context. Compute: what serving the model at a modest request rate takes, growing with
-/// the weights read per token, between 5 % and 60 % of an H100, times a load factor of ½ to 2.
+/// Inference tenants: embedding and small models up to 70 billion parameters (many small, few
+/// large), in FP16, INT8 or INT4. Memory: the weights plus 20 % for KV cache and activations plus
+/// a 512 MiB CUDA context. Compute: what serving the model at a modest request rate takes, by
+/// size (5 % of an H100 up to 3B parameters, 10 % at 7-8B, 15 % at 13-14B, 25 % at 32B, 35 % at
+/// 70B), times a load factor of ½, 1 or 1½, at least 5 %.
 fn trace(seed: u64, n: usize) -> Vec<Tenant> {
     let mut rng = Rng(seed | 1);
-    let models: &[(f64, u64)] = &[
-        (0.5, 10),
-        (1.5, 15),
-        (3.0, 15),
-        (7.0, 20),
-        (8.0, 15),
-        (13.0, 8),
-        (14.0, 7),
-        (32.0, 5),
-        (70.0, 5),
+    // (billions of parameters, compute percent at load 1), weight in the mix.
+    let models: &[((f64, f64), u64)] = &[
+        ((0.3, 5.0), 10),
+        ((1.5, 5.0), 15),
+        ((3.0, 5.0), 15),
+        ((7.0, 10.0), 20),
+        ((8.0, 10.0), 15),
+        ((13.0, 15.0), 8),
+        ((14.0, 15.0), 7),
+        ((32.0, 25.0), 6),
+        ((70.0, 35.0), 4),
     ];
-    let precisions: &[(f64, u64)] = &[(2.0, 40), (1.0, 35), (0.5, 25)];
-    let loads: &[(f64, u64)] = &[(0.5, 30), (1.0, 40), (2.0, 30)];
+    let precisions: &[(f64, u64)] = &[(2.0, 40), (1.0, 30), (0.5, 30)];
+    let loads: &[(f64, u64)] = &[(0.5, 30), (1.0, 40), (1.5, 30)];
     (0..n)
         .map(|_| {
-            let params = rng.pick(models);
+            let (params, compute) = rng.pick(models);
             let bytes = rng.pick(precisions);
             let load = rng.pick(loads);
             let weights_gib = params * bytes;
-            let memory_mib = (weights_gib * 1.3 * 1024.0) as u64 + 600;
-            let compute = (5.0 + weights_gib * 0.8) * load;
             Tenant {
-                memory_mib,
-                compute_percent: (compute.round() as u64).clamp(5, 60),
+                memory_mib: (weights_gib * 1.2 * 1024.0) as u64 + 512,
+                compute_percent: ((compute * load).round() as u64).max(5),
             }
         })
         .collect()
@@ -117,6 +119,8 @@ struct Outcome {
     served: usize,
     /// GiB of GPU memory not used by a served tenant.
     stranded_gib: f64,
+    /// GiB the served tenants need: the work done.
+    served_gib: f64,
     /// GPUs whose tenants need more memory or compute than the GPU has.
     over_committed_gpus: usize,
 }
@@ -194,32 +198,48 @@ fn outcome(on_gpu: &[Vec<Tenant>], memory_mib: u64) -> Outcome {
         .count();
     Outcome {
         served,
+        served_gib: used as f64 / 1024.0,
         stranded_gib: (memory_mib * on_gpu.len() as u64 - used) as f64 / 1024.0,
         over_committed_gpus: over,
     }
 }
 
+/// The best fixed count for `tenants`: most served, and most served with no GPU
+/// over-committed (fewer replicas on a tie).
+fn best_fixed(
+    tenants: &[Tenant],
+    gpus: usize,
+    memory_mib: u64,
+) -> ((u64, Outcome), Option<(u64, Outcome)>) {
+    let all: Vec<(u64, Outcome)> = (1..=48)
+        .map(|r| (r, fixed(tenants, gpus, r, memory_mib)))
+        .collect();
+    let key = |(r, o): &&(u64, Outcome)| (o.served, std::cmp::Reverse(*r));
+    let best = all
+        .iter()
+        .max_by_key(key)
+        .cloned()
+        .expect("48 counts tried");
+    let safe = all
+        .iter()
+        .filter(|(_, o)| o.over_committed_gpus == 0)
+        .max_by_key(key)
+        .cloned();
+    (best, safe)
+}
+
 fn main() {
     let gpus: usize = knob("GPU_SHARE_BENCH_GPUS", 8);
-    let n: usize = knob("GPU_SHARE_BENCH_TENANTS", 600);
+    let n: usize = knob("GPU_SHARE_BENCH_TENANTS", 2000);
     let seed: u64 = knob("GPU_SHARE_BENCH_SEED", 0x5eed_f4ac_7104_a1u64);
     let tenants = trace(seed, n);
     let memory_mib = gpu_memory_mib();
     println!(
-        "fractional: {n} tenants (seed {seed:#x}) on {gpus} × H100 ({memory_mib} MiB each); \
+        "fractional: tenants of one trace (seed {seed:#x}) on {gpus} × H100 ({memory_mib} MiB each); \
          mean ask {:.1} GiB, {:.1} % compute",
         tenants.iter().map(|t| t.memory_mib).sum::<u64>() as f64 / n as f64 / 1024.0,
         tenants.iter().map(|t| t.compute_percent).sum::<u64>() as f64 / n as f64
     );
-
-    let (best_replicas, best) = (1..=48)
-        .map(|r| (r, fixed(&tenants, gpus, r, memory_mib)))
-        .max_by_key(|(r, o)| (o.served, std::cmp::Reverse(*r)))
-        .expect("48 counts tried");
-    let best_safe = (1..=48)
-        .map(|r| (r, fixed(&tenants, gpus, r, memory_mib)))
-        .filter(|(_, o)| o.over_committed_gpus == 0)
-        .max_by_key(|(r, o)| (o.served, std::cmp::Reverse(*r)));
 
     let profile = parse_profile("bench", PROFILE).expect("the bench profile parses");
     let node = ObservedNode::simulated(&[format!("h100x{gpus}")]);
@@ -229,37 +249,38 @@ fn main() {
         .flat_map(|s| s.spec.devices)
         .collect();
     assert!(devices.iter().all(Device::is_consumable));
-    let shared = consumable(&tenants, &devices, memory_mib);
 
-    println!();
-    println!("| placement | tenants served | memory stranded | GPUs over-committed |");
-    println!("|---|---|---|---|");
-    let total_gib = (memory_mib * gpus as u64) as f64 / 1024.0;
-    let row = |name: String, o: &Outcome| {
-        println!(
-            "| {name} | {} | {:.0} GiB ({:.0} %) | {} |",
-            o.served,
-            o.stranded_gib,
-            100.0 * o.stranded_gib / total_gib,
-            o.over_committed_gpus
-        );
-    };
-    row(format!("fixed MPS × {best_replicas} (most served)"), &best);
-    if let Some((r, o)) = &best_safe {
-        if *r != best_replicas {
-            row(
-                format!("fixed MPS × {r} (most served, none over-committed)"),
-                o,
-            );
-        }
-    }
-    row("consumable capacity, first fit".into(), &shared);
+    // Demand: the trace's first tenants, as many as ask for this multiple of the GPUs' memory.
+    let total_mib = memory_mib * gpus as u64;
     println!();
     println!(
-        "ratio: consumable serves {:.2}× the tenants of the best fixed count (× {best_replicas}); \
-         over-commits: {} (consumable) vs {} (fixed)",
-        shared.served as f64 / best.served.max(1) as f64,
-        shared.over_committed_gpus,
-        best.over_committed_gpus
+        "| demand (asked memory / GPU memory) | tenants | fixed MPS, most served (count) | fixed MPS, none over-committed (count) | consumable capacity | consumable / fixed none over-committed | memory stranded: fixed none over-committed / consumable | GPUs over-committed: fixed most served / consumable |"
     );
+    println!("|---|---|---|---|---|---|---|---|");
+    for level in [0.5, 1.0, 1.5, 2.0, 4.0] {
+        let mut asked = 0u64;
+        let count = tenants
+            .iter()
+            .take_while(|t| {
+                let under = (asked as f64) < level * total_mib as f64;
+                asked += t.memory_mib;
+                under
+            })
+            .count();
+        let offered = &tenants[..count];
+        let ((r, best), safe) = best_fixed(offered, gpus, memory_mib);
+        let shared = consumable(offered, &devices, memory_mib);
+        let (safe_text, ratio, stranded) = match &safe {
+            Some((sr, so)) => (
+                format!("{} (× {sr})", so.served),
+                format!("{:.2}×", shared.served as f64 / so.served.max(1) as f64),
+                format!("{:.0} / {:.0} GiB", so.stranded_gib, shared.stranded_gib),
+            ),
+            None => ("none".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "| {level}× | {count} | {} (× {r}) | {safe_text} | {} | {ratio} | {stranded} | {} / {} |",
+            best.served, shared.served, best.over_committed_gpus, shared.over_committed_gpus
+        );
+    }
 }
