@@ -47,6 +47,14 @@
 # pod runs on D. 14. (only with the test bed started as `FEATURE_GATES=DRADeviceTaints=false
 # ./start.sh`) the same XID: the server drops the taint, the agent withdraws D instead (Event
 # TaintsDropped), a 1g.10gb pod runs on another device, D comes back after the heal.
+# 15. Fractional GPUs: GPU 0 `mps: {replicas: 16, consumable: ...}` (one 80 GB H100 device
+# gpu-0-mps), six pods whose ResourceClaims ask different memory and compute: those that fit run
+# (their consumedCapacity and shareID, and the CUDA_MPS_* limits of each claim's CDI spec
+# printed), the others stay Pending with the scheduler's reason; deleting one lets a pending pod
+# run. 16. (only with the test bed started as `FEATURE_GATES=DRAConsumableCapacity=false
+# ./start.sh`) the same profile: the server drops allowMultipleAllocations, the agent publishes
+# 16 fixed MPS shares instead (Event ConsumableCapacityDropped); what the server does with a
+# claim's capacity requests, and a claim's pod on a share.
 # Results of the session that wrote it: its closing note (issues stops).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -606,4 +614,115 @@ $K label node "$NODE" gpu-share.dev/profile- >/dev/null
 stop_agent
 elif want 9; then
 echo "== 9. skipped: the test bed runs with DRAPartitionableDevices on (start it with DRA_PD=false)"
+fi
+
+# A ResourceClaim $1 asking the consumable device for memory $2 and compute $3, and pod $1.
+share_pod() {
+cat <<YAML | $K apply -f - >/dev/null
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: $1, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: mps.gpu-share.dev
+        capacity: {requests: {memory: "$2", compute: "$3"}}
+YAML
+pod "$1" "$1" claim
+}
+# Pod $1: phase, device, shareID, consumedCapacity, or the scheduler's reason.
+share_status() {
+  local phase dev
+  phase=$($K get pod "$1" -o jsonpath='{.status.phase}')
+  dev=$($K get resourceclaim "$1" -o jsonpath='{.status.allocation.devices.results[0].device} shareID={.status.allocation.devices.results[0].shareID} consumed={.status.allocation.devices.results[0].consumedCapacity}' 2>/dev/null)
+  if [ "$phase" = Running ]; then echo "pod $1 Running: $dev"
+  else echo "pod $1 $phase: $($K get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}' | cut -c1-220)"; fi
+}
+# The CUDA_MPS_* limits in claim $1's CDI spec.
+share_limits() {
+  local uid; uid=$($K get resourceclaim "$1" -o jsonpath='{.metadata.uid}')
+  python3 - "$W/cdi/gpu.gpu-share.dev-claim_$uid.json" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+for d in spec["devices"]:
+    env = [e for e in d["containerEdits"]["env"] if e.startswith(("CUDA_MPS_PINNED", "CUDA_MPS_ACTIVE"))]
+    print("   ", d["name"].split("-", 5)[-1], " ".join(env))
+PY
+}
+FRACTIONAL='version: v1
+rules:
+- devices: [0]
+  mps:
+    replicas: 16
+    consumable: {memory: {default: 4Gi, min: 1Gi, step: 1Gi}, compute: {default: 10, min: 5, step: 5}}
+- devices: [1]
+  exclusive: true
+'
+fractional_agent() {
+  dra_profiles --from-literal=fractional="$FRACTIONAL"
+  agent "$1" --plugin dra --cdi-root "$W/cdi" --dra-plugin-dir "$W/dra" \
+    --pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock
+  $K label node "$NODE" gpu-share.dev/profile=fractional --overwrite >/dev/null
+  wait_state success 60; echo "state $(state): $(reason)"
+}
+stored_devices() { $K get resourceslices -o json | python3 -c '
+import json, sys
+for s in json.load(sys.stdin)["items"]:
+    for d in s["spec"].get("devices", []):
+        caps = {k: (v["value"], v.get("requestPolicy")) for k, v in d.get("capacity", {}).items()}
+        print("   ", d["name"], "allowMultipleAllocations=%s" % d.get("allowMultipleAllocations"), caps)' | head -4; }
+
+if want 15 && [ "$(gate DRAConsumableCapacity)" != false ]; then
+echo "== 15. fractional GPUs: claims asking memory and compute of one consumable H100"
+fractional_agent 19615
+echo "stored devices:"; stored_devices
+share_pod frac-a 30Gi 40
+share_pod frac-b 20Gi 30
+share_pod frac-off-step 9728Mi 12
+for p in frac-a frac-b frac-off-step; do $K wait --for=condition=Ready pod/$p --timeout=60s >/dev/null; done
+share_pod frac-c 40Gi 10
+share_pod frac-d 10Gi 40
+share_pod frac-too-big 100Gi 10
+sleep 8
+for p in frac-a frac-b frac-off-step frac-c frac-d frac-too-big; do share_status $p; done
+echo "CDI limits of the running claims:"
+for p in frac-a frac-b frac-off-step; do echo "  $p:"; share_limits $p; done
+echo "commands the agent sent the MPS daemon: $(grep -rhao 'Cmd:[a-z_]*' "$W/mps" | sort | uniq -c | tr '\n' ' ')"
+t0=$(date +%s.%N)
+$K delete pod frac-a --wait=true --timeout=60s >/dev/null; $K delete resourceclaim frac-a >/dev/null
+for _ in $(seq 1 60); do
+  [ "$($K get pod frac-c -o jsonpath='{.status.phase}')" = Running ] && break
+  [ "$($K get pod frac-d -o jsonpath='{.status.phase}')" = Running ] && break
+  sleep 1
+done
+echo "frac-a deleted; $(echo "$(date +%s.%N) - $t0" | bc) s later:"
+for p in frac-c frac-d frac-too-big; do share_status $p; done
+for p in frac-c frac-d; do [ "$($K get pod $p -o jsonpath='{.status.phase}')" = Running ] && { echo "  $p:"; share_limits $p; }; done
+echo "CDI specs left: $(ls "$W/cdi" | wc -l) (one per prepared claim)"
+$K delete pod frac-b frac-off-step frac-c frac-d frac-too-big --wait=true --timeout=60s >/dev/null
+$K delete resourceclaim frac-b frac-off-step frac-c frac-d frac-too-big >/dev/null
+$K label node "$NODE" gpu-share.dev/profile- >/dev/null
+stop_agent
+elif want 15; then
+echo "== 15. skipped: the test bed runs with DRAConsumableCapacity off"
+fi
+
+if want 16 && [ "$(gate DRAConsumableCapacity)" = false ]; then
+echo "== 16. DRAConsumableCapacity off: a consumable GPU published as fixed MPS shares"
+fractional_agent 19616
+sleep 1
+echo "devices published: $($K get resourceslices -o jsonpath='{.items[*].spec.devices[*].name}' | wc -w)"; stored_devices
+$K get events.events.k8s.io -A --field-selector reason=ConsumableCapacityDropped -o jsonpath='{range .items[*]}{.type} {.reason}: {.note}{"\n"}{end}' | tail -1 | cut -c1-400
+share_pod off-ask 10Gi 25
+echo "claim off-ask as stored: $($K get resourceclaim off-ask -o jsonpath='{.spec.devices.requests[0].exactly}')"
+$K wait --for=condition=Ready pod/off-ask --timeout=30s >/dev/null
+share_status off-ask
+[ "$($K get pod off-ask -o jsonpath='{.status.phase}')" = Running ] && share_limits off-ask
+$K delete pod off-ask --wait=true --timeout=60s >/dev/null; $K delete resourceclaim off-ask >/dev/null
+$K label node "$NODE" gpu-share.dev/profile- >/dev/null
+stop_agent
+elif want 16; then
+echo "== 16. skipped: the test bed runs with DRAConsumableCapacity on (start it with FEATURE_GATES=DRAConsumableCapacity=false)"
 fi

@@ -1313,8 +1313,10 @@ async fn dra_device_taints_the_apiserver_refuses_are_refused() {
 /// Consumable capacity the API server refuses (`validateMultiAllocatableDeviceCapacity`,
 /// `validateSingleAllocatableDeviceCapacity`, `validateRequestPolicy` and its helpers in
 /// pkg/apis/resource/validation/validation.go, Kubernetes 1.36, as vendored by
-/// openshift/microshift), one case per rule, each message the server's field error; the
-/// policy gpu-share publishes (`dra::consumable`) is accepted.
+/// openshift/microshift), one case per rule, each message the server's field error (the
+/// `single`, `default-off-step`, `values-unsorted` and `min-over-capacity` messages are the ones
+/// the real 1.36.2 server of ../shared/testbed returned, `kubectl create --dry-run=server`); the
+/// policy gpu-share publishes (`dra::consumable`) is accepted, as the real server accepted it.
 #[tokio::test]
 async fn dra_consumable_capacity_the_apiserver_refuses_is_refused() {
     let double = KubeDouble::start();
