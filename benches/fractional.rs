@@ -119,8 +119,6 @@ struct Outcome {
     served: usize,
     /// GiB of GPU memory not used by a served tenant.
     stranded_gib: f64,
-    /// GiB the served tenants need: the work done.
-    served_gib: f64,
     /// GPUs whose tenants need more memory or compute than the GPU has.
     over_committed_gpus: usize,
 }
@@ -198,7 +196,6 @@ fn outcome(on_gpu: &[Vec<Tenant>], memory_mib: u64) -> Outcome {
         .count();
     Outcome {
         served,
-        served_gib: used as f64 / 1024.0,
         stranded_gib: (memory_mib * on_gpu.len() as u64 - used) as f64 / 1024.0,
         over_committed_gpus: over,
     }
@@ -231,7 +228,7 @@ fn best_fixed(
 fn main() {
     let gpus: usize = knob("GPU_SHARE_BENCH_GPUS", 8);
     let n: usize = knob("GPU_SHARE_BENCH_TENANTS", 2000);
-    let seed: u64 = knob("GPU_SHARE_BENCH_SEED", 0x5eed_f4ac_7104_a1u64);
+    let seed: u64 = knob("GPU_SHARE_BENCH_SEED", 0x005e_edf4_ac71_04a1_u64);
     let tenants = trace(seed, n);
     let memory_mib = gpu_memory_mib();
     println!(

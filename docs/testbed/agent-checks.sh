@@ -669,10 +669,10 @@ fractional_agent() {
 }
 stored_devices() { $K get resourceslices -o json | python3 -c '
 import json, sys
-for s in json.load(sys.stdin)["items"]:
-    for d in s["spec"].get("devices", []):
-        caps = {k: (v["value"], v.get("requestPolicy")) for k, v in d.get("capacity", {}).items()}
-        print("   ", d["name"], "allowMultipleAllocations=%s" % d.get("allowMultipleAllocations"), caps)' | head -4; }
+devices = [d for s in json.load(sys.stdin)["items"] for d in s["spec"].get("devices", [])]
+for d in devices[:4]:
+    caps = {k: (v["value"], v.get("requestPolicy")) for k, v in d.get("capacity", {}).items()}
+    print("   ", d["name"], "allowMultipleAllocations=%s" % d.get("allowMultipleAllocations"), caps)'; }
 
 if want 15 && [ "$(gate DRAConsumableCapacity)" != false ]; then
 echo "== 15. fractional GPUs: claims asking memory and compute of one consumable H100"
