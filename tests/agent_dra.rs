@@ -566,28 +566,26 @@ fn a_static_mig_profile_is_published_without_counters_where_the_server_drops_the
     assert!(note.contains("so none is handed out twice"), "{note}");
 }
 
+/// A DRA node of 8 H100s with `dra/h100-fractional` applied (under a key a real ConfigMap
+/// takes: no `/`), on an API server with `DRAConsumableCapacity` on or off.
+fn fractional_node(name: &str, consumable_capacity: bool) -> (Arc<KubeDouble>, AgentNode) {
+    let api = Arc::new(KubeDouble::start());
+    api.set_consumable_capacity(consumable_capacity);
+    let text = profile_text("dra/h100-fractional");
+    profiles_configmap(&api, &[], &[("h100-fractional", text.clone())]);
+    let node = dra_node(&api, name, "h100");
+    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-fractional"));
+    let wait = Duration::from_secs(30);
+    wait_applied_text(&api, &node, &text, wait, "h100-fractional");
+    (api, node)
+}
+
 /// Fractional GPUs (`dra/h100-fractional`) on a 1.36 server: each GPU is published as one
 /// consumable device, `gpu-<i>-mps`, exactly as `plan` prints it, stored with
 /// `allowMultipleAllocations` and its capacities' request policies.
 #[test]
 fn a_fractional_profile_publishes_one_consumable_device_per_gpu() {
-    let api = Arc::new(KubeDouble::start());
-    // Under a key a real ConfigMap takes (no `/`).
-    profiles_configmap(
-        &api,
-        &[],
-        &[("h100-fractional", profile_text("dra/h100-fractional"))],
-    );
-    let node = dra_node(&api, "dra-fractional", "h100");
-    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-fractional"));
-    let text = profile_text("dra/h100-fractional");
-    wait_applied_text(
-        &api,
-        &node,
-        &text,
-        Duration::from_secs(30),
-        "h100-fractional",
-    );
+    let (api, node) = fractional_node("dra-fractional", true);
     let want = device_names(&planned(&node, "dra/h100-fractional"));
     assert_eq!(want.len(), 8);
     assert!(want.contains("gpu-7-mps"), "{want:?}");
@@ -617,24 +615,7 @@ fn a_fractional_profile_publishes_one_consumable_device_per_gpu() {
 /// naming the GPUs and the gate.
 #[test]
 fn a_server_without_consumable_capacity_gets_fixed_shares_and_a_warning() {
-    let api = Arc::new(KubeDouble::start());
-    api.set_consumable_capacity(false);
-    // Under a key a real ConfigMap takes (no `/`).
-    profiles_configmap(
-        &api,
-        &[],
-        &[("h100-fractional", profile_text("dra/h100-fractional"))],
-    );
-    let node = dra_node(&api, "dra-no-consumable", "h100");
-    api.set_node_label(&node.name, PROFILE_LABEL, Some("h100-fractional"));
-    let text = profile_text("dra/h100-fractional");
-    wait_applied_text(
-        &api,
-        &node,
-        &text,
-        Duration::from_secs(30),
-        "h100-fractional",
-    );
+    let (api, node) = fractional_node("dra-no-consumable", false);
     let shares_only = |a: &KubeDouble| {
         let names = device_names(&published(a, &node.name));
         names.len() == 128 && names.iter().all(|n| n.contains("-share-"))

@@ -1070,3 +1070,60 @@ fn plan_for_dra_reads_which_instances_claims_made_from_the_journal() {
     );
     assert!(claimed.contains(&"gpu-0".to_string()), "{claimed:?}");
 }
+
+/// The fractional example (`mps.consumable`, DRA only): refused for both device plugins with a
+/// message naming `--plugin dra`, valid for DRA, in the schema, and planned as one consumable
+/// device per GPU whose text summary says how claims are rounded.
+#[test]
+fn the_fractional_example_is_dra_only_and_plans_consumable_devices() {
+    let file = "profiles/dra/h100-fractional.yaml";
+    for plugin in ["nvidia", "builtin"] {
+        let out = gpu_share(&["validate", "--plugin", plugin, file]);
+        assert_eq!(out.status.code(), Some(1), "{plugin}: {}", stdout(&out));
+        assert!(
+            stdout(&out).contains("mps.consumable needs `--plugin dra`"),
+            "{}",
+            stdout(&out)
+        );
+    }
+    let dra = gpu_share(&["validate", "--plugin", "dra", file]);
+    assert!(dra.status.success(), "{}", stdout(&dra));
+    let schema = stdout(&gpu_share(&["schema"]));
+    assert!(schema.contains("\"consumable\"") && schema.contains("ComputePolicy"));
+    let text = gpu_share(&[
+        "plan",
+        "--plugin",
+        "dra",
+        "--profile",
+        file,
+        "--gpu",
+        "h100x2",
+    ]);
+    assert!(
+        stdout(&text).contains("MPS, consumable by up to 16 claims: 81559 MiB of memory"),
+        "{}",
+        stdout(&text)
+    );
+    let plan = json(&gpu_share(&[
+        "plan",
+        "--plugin",
+        "dra",
+        "--profile",
+        file,
+        "--gpu",
+        "h100x2",
+        "-o",
+        "json",
+    ]));
+    let devices: Vec<serde_json::Value> = plan["resourceSlices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .collect();
+    assert_eq!(devices.len(), 2);
+    assert!(devices
+        .iter()
+        .all(|d| d["allowMultipleAllocations"] == true));
+    assert_eq!(devices[1]["name"], "gpu-1-mps");
+}

@@ -61,14 +61,25 @@ pub fn container_edits(
             device: device.name.clone(),
             id: id.clone(),
         })?;
-    let ids = std::slice::from_ref(&id);
+    builtin_answer(device, resource, &id, listing)
+}
+
+/// The built-in plugin's `Allocate` answer of `resource` for its device `id`, rewritten for
+/// `listing` (the `cdi-annotations` strategy's annotation dropped: DRA has no counterpart).
+fn builtin_answer(
+    device: &Device,
+    resource: &crate::builtin_plugin::inventory::ResourceDevices,
+    id: &str,
+    listing: &DeviceListing,
+) -> Result<ContainerAllocateResponse, DeviceError> {
+    let ids = [id.to_string()];
     let mut allocation = resource
-        .allocate(ids)
+        .allocate(&ids)
         .map_err(|source| DeviceError::Allocate {
             device: device.name.clone(),
             source,
         })?;
-    listing.apply(ids, "", &mut allocation);
+    listing.apply(&ids, "", &mut allocation);
     allocation.annotations.clear();
     Ok(allocation)
 }
@@ -100,15 +111,7 @@ pub fn consumable_edits(
             device: device.name.clone(),
             id: format!("{uuid} (shared through MPS)"),
         })?;
-    let ids = std::slice::from_ref(&entry.id);
-    let mut allocation = resource
-        .allocate(ids)
-        .map_err(|source| DeviceError::Allocate {
-            device: device.name.clone(),
-            source,
-        })?;
-    listing.apply(ids, "", &mut allocation);
-    allocation.annotations.clear();
+    let mut allocation = builtin_answer(device, resource, &entry.id, listing)?;
     // The container sees this one GPU, as device 0.
     allocation.envs.insert(
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(),
