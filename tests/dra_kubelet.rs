@@ -1153,3 +1153,38 @@ fn the_scheduler_port_refuses_what_the_scheduler_refuses() {
         "16 MPS clients at most"
     );
 }
+
+/// A restarted plugin keeps each prepared share of a consumable GPU from its checkpoint: the
+/// kubelet's repeated Prepare gets the same answer (shareID, CDI device) and spec, and the
+/// shares prepared before the restart still count against the device for the next claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_keeps_prepared_shares_and_counts_them() {
+    let node = Node::with_profile("dra/h100-fractional");
+    let plugin = node.start().await;
+    let gpu = node.device("mps", 0);
+    let half = consumed_capacity(&gpu, &asks(&[("memory", "36Gi"), ("compute", "40")])).unwrap();
+    let uid = node
+        .allocated_shares("kept", &gpu.name, &[("gpu", "s-1", &half)])
+        .await;
+    let answer = node.prepare("kept", &uid).await;
+    assert_eq!(answer.error, "");
+    let spec = std::fs::read(node.spec_path(&uid)).unwrap();
+    plugin.shutdown().await;
+
+    let plugin = node.start().await;
+    assert_eq!(node.prepare("kept", &uid).await, answer, "the same answer");
+    assert_eq!(std::fs::read(node.spec_path(&uid)).unwrap(), spec);
+    let second = node
+        .allocated_shares("second", &gpu.name, &[("gpu", "s-2", &half)])
+        .await;
+    assert_eq!(node.prepare("second", &second).await.error, "");
+    let third = node
+        .allocated_shares("third", &gpu.name, &[("gpu", "s-3", &half)])
+        .await;
+    let error = node.prepare("third", &third).await.error;
+    assert!(
+        error.contains("would hold 110592 MiB of its 81559 MiB memory"),
+        "the shares from before the restart count: {error}"
+    );
+    plugin.shutdown().await;
+}
