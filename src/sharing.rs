@@ -94,6 +94,10 @@ pub struct MigMps {
     /// the replicas).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub pinned_memory_limit_mib: BTreeMap<String, u64>,
+    /// Fractional MIG devices (DRA only), by MIG profile: each MIG device one device whose
+    /// memory, compute and clients claims consume.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub consumable: BTreeMap<String, ConsumableShares>,
 }
 
 /// An MPS GPU offered as consumable capacity: what claims consume and how the scheduler rounds

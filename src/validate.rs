@@ -63,7 +63,6 @@ pub fn validate_for(name: &str, profile: &Profile, plugin: PluginKind) -> Vec<Pr
         problems.extend(dynamic_mig_needs_dra(name, profile, plugin));
         problems.extend(consumable_needs_dra(name, profile, plugin));
     }
-    problems.extend(consumable_inside_mig(name, profile));
     problems.extend(match plugin {
         PluginKind::Nvidia => crate::nvidia_plugin::check_profile(name, profile),
         PluginKind::Builtin => builtin_plugin_limits(name, profile),
@@ -115,27 +114,6 @@ fn consumable_needs_dra(name: &str, profile: &Profile, plugin: PluginKind) -> Ve
                      compute; drop `consumable` for fixed shares",
                     plugin.name()
                 ),
-            )
-            .in_rule(i, rule)
-        })
-        .collect()
-}
-
-/// `mps.consumable` beside `mig`: not offered yet (each MIG device would be its own consumable
-/// device; this build publishes whole MPS GPUs only), refused rather than silently fixed.
-fn consumable_inside_mig(name: &str, profile: &Profile) -> Vec<Problem> {
-    profile
-        .rule_modes()
-        .into_iter()
-        .filter(
-            |(_, _, mode)| matches!(mode, Mode::Mig { mps: Some(m), .. } if m.consumable.is_some()),
-        )
-        .map(|(i, rule, _)| {
-            Problem::error(
-                name,
-                "mps.consumable beside mig is not supported by this gpu-share: consumable shares \
-                 are published for whole MPS GPUs only; share the MIG devices with fixed MPS \
-                 replicas, or make the GPUs whole (`mps` without `mig`)",
             )
             .in_rule(i, rule)
         })

@@ -84,7 +84,12 @@ fn applied(plan: &NodePlan, node: &ObservedNode) -> ObservedNode {
 /// What the agent hands the plugin for example profile `name` on 8 × H100: the slices and the
 /// inventory.
 fn published(name: &str) -> (Vec<ResourceSlice>, Inventory) {
-    let profile = parse_profile("p", &profile_text(name)).unwrap();
+    published_text(&profile_text(name))
+}
+
+/// [`published`] for a profile's text.
+fn published_text(text: &str) -> (Vec<ResourceSlice>, Inventory) {
+    let profile = parse_profile("p", text).unwrap();
     let node = ObservedNode::simulated(&["h100x8".to_string()]);
     let plan = plan_for("p", &profile, &node, PluginKind::Dra).unwrap();
     let node = applied(&plan, &node);
@@ -111,6 +116,10 @@ impl Node {
     }
 
     fn with_profile(profile: &str) -> Node {
+        Node::with_profile_text(&profile_text(profile))
+    }
+
+    fn with_profile_text(text: &str) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let settings = Settings {
             node_name: NODE.into(),
@@ -119,7 +128,7 @@ impl Node {
             cdi_root: dir.path().join("cdi"),
         };
         std::fs::create_dir_all(&settings.registration_dir).unwrap();
-        let (slices, inventory) = published(profile);
+        let (slices, inventory) = published_text(text);
         Node {
             listing: DeviceListing::default(),
             kubelet: DraKubelet::watch(&settings.registration_dir),
@@ -1187,4 +1196,53 @@ async fn a_restart_keeps_prepared_shares_and_counts_them() {
         "the shares from before the restart count: {error}"
     );
     plugin.shutdown().await;
+}
+
+/// Fractional MIG devices: `mig: {3g.40gb: 2}` beside `mps: {replicas: 8, consumable: ...}`
+/// publishes each MIG device as one consumable device (its profile's memory, 100 % of its SMs,
+/// 8 clients), and a claim's share reaches that MIG device's own MPS daemon with its own limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_of_a_fractional_mig_device_reaches_its_daemon_with_its_limits() {
+    let text = "version: v1\nrules:\n  - devices: all\n    mig: {3g.40gb: 2}\n    mps:\n      replicas: 8\n      consumable:\n        memory: {default: 4Gi, min: 1Gi, step: 1Gi}\n        compute: {default: 10, min: 5, step: 5}\n";
+    let node = Node::with_profile_text(text);
+    let plugin = node.start().await;
+    let mig = node.device("mps", 0);
+    assert!(mig.is_consumable());
+    assert!(mig.name.ends_with("-3g-40gb-mps"), "{}", mig.name);
+    assert!(mig.consumes_counters.is_empty());
+    assert_eq!(mig.capacity["clients"].value.0, "8");
+    let mig_uuid = text_attr(&mig, "uuid");
+    assert!(mig_uuid.starts_with("MIG-"), "{mig_uuid}");
+    let ask = consumed_capacity(&mig, &asks(&[("memory", "12Gi"), ("compute", "50")])).unwrap();
+    let uid = node
+        .allocated_shares("mig-share", &mig.name, &[("gpu", "s-1", &ask)])
+        .await;
+    let answer = node.prepare("mig-share", &uid).await;
+    assert_eq!(answer.error, "");
+    let (_, env) = share_env(&node, &uid);
+    assert!(
+        env.contains(&"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=12288M".to_string()),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50".to_string()),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&format!("NVIDIA_VISIBLE_DEVICES={mig_uuid}")),
+        "{env:?}"
+    );
+    let pipe = env
+        .iter()
+        .find_map(|e| e.strip_prefix("CUDA_MPS_PIPE_DIRECTORY="))
+        .unwrap();
+    assert!(
+        pipe.contains(&mig_uuid),
+        "the MIG device's own daemon: {pipe}"
+    );
+    plugin.shutdown().await;
+}
+
+fn text_attr(device: &Device, key: &str) -> String {
+    device.attributes[key].string.clone().unwrap_or_default()
 }

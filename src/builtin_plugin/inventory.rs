@@ -151,7 +151,14 @@ impl Inventory {
                                 mps_root,
                                 &mig_daemon_name(&resource, uuid),
                                 m.active_thread_percentage,
-                                m.pinned_memory_limit_mib.get(device.profile).copied(),
+                                // A fractional MIG device's fixed shares split its memory
+                                // evenly (as for a whole GPU, below).
+                                match m.consumable.get(device.profile) {
+                                    Some(c) => {
+                                        Some(crate::mps::consumable::fixed_share_mib(c, *replicas))
+                                    }
+                                    None => m.pinned_memory_limit_mib.get(device.profile).copied(),
+                                },
                             )
                         });
                         add(&resource, uuid, *replicas, client);

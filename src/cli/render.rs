@@ -166,6 +166,17 @@ fn mode_summary(mode: &PlannedMode) -> String {
                 .map(|(p, n)| format!("{n} × {p}"))
                 .collect();
             let shared = match mps {
+                Some(m) if !m.consumable.is_empty() => format!(
+                    ", each with its own MPS daemon, consumable by up to {replicas} claims ({})",
+                    m.consumable
+                        .iter()
+                        .map(|(profile, c)| format!(
+                            "{profile}: {} MiB, asks rounded to {} + n × {} MiB and {} + n × {}% compute",
+                            c.memory_mib, c.memory.min, c.memory.step, c.compute.min, c.compute.step
+                        ))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ),
                 Some(m) => {
                     let mut s = format!(", each with its own MPS daemon × {replicas}");
                     if let Some(p) = m.active_thread_percentage {

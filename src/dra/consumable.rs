@@ -1,7 +1,7 @@
 //! Fractional GPUs as DRA devices (consumable capacity, KEP-5075; `DRAConsumableCapacity`, beta
 //! and on by default in Kubernetes 1.36): an MPS GPU planned `consumable` is one device
-//! `gpu-<i>-mps` with `allowMultipleAllocations: true` and three capacities every claim
-//! consumes part of:
+//! `gpu-<i>-mps` (a MIG device shared so, `gpu-<i>-mig-<start>-<profile>-mps`) with
+//! `allowMultipleAllocations: true` and three capacities every claim consumes part of:
 //!
 //! - `memory`: the GPU's memory; a claim's share becomes its `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`;
 //! - `compute`: 100 (percent of the SMs); a claim's share becomes its

@@ -301,6 +301,13 @@ fn gpu_devices(
                     continue;
                 }
                 mig.consumes_counters.clear();
+                if let Some(shares) = mps
+                    .as_ref()
+                    .and_then(|m| m.consumable.get(&instance.profile))
+                {
+                    devices.push(consumable::device(mig, shares, *replicas));
+                    continue;
+                }
                 let sharing = match mps {
                     Some(m) => {
                         let pinned = m.pinned_memory_limit_mib.get(&instance.profile).copied();

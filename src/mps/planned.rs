@@ -32,13 +32,15 @@ pub fn pinned_per_client(
 }
 
 /// MPS inside the MIG devices of `model`: the client limit of each wanted profile (exact for
-/// this model), and the pinned memory per client from each profile's memory.
+/// this model), the pinned memory per client from each profile's memory, and for a consumable
+/// rule each profile's consumable shares (the policy checked against its memory).
 pub fn mig_mps(
     mps: &Mps,
     model: &GpuModel,
     wanted: &BTreeMap<String, u32>,
 ) -> Result<MigMps, MpsError> {
     let mut pinned = BTreeMap::new();
+    let mut consumable = BTreeMap::new();
     for name in wanted.keys() {
         let profile = model
             .profile(name)
@@ -50,9 +52,13 @@ pub fn mig_mps(
         if let Some(mib) = pinned_per_client(mps, profile.memory_mib, &whose)? {
             pinned.insert(name.clone(), mib);
         }
+        if let Some(shares) = super::consumable::shares(mps, profile.memory_mib, &whose)? {
+            consumable.insert(name.clone(), shares);
+        }
     }
     Ok(MigMps {
         active_thread_percentage: mps.active_thread_percentage.map(|p| p as u32),
         pinned_memory_limit_mib: pinned,
+        consumable,
     })
 }

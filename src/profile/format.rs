@@ -208,9 +208,9 @@ pub struct Mps {
     /// that up to `replicas` claims share, each claim asking for its own memory and compute
     /// (`capacity: {requests: {memory: 10Gi, compute: 25}}`); the scheduler packs claims until
     /// the GPU's memory, its compute (100 %) or its `replicas` clients run out, and each claim's
-    /// MPS limits are set from what it was given (docs/dra.md, "Fractional GPUs"). The daemon
-    /// then has no defaults of its own, so `activeThreadPercentage` and `pinnedMemoryLimit`
-    /// are not given beside it.
+    /// MPS limits are set from what it was given (docs/dra.md, "Fractional GPUs"). Beside
+    /// `mig`, each MIG device is such a device. The daemon then has no defaults of its own, so
+    /// `activeThreadPercentage` and `pinnedMemoryLimit` are not given beside it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consumable: Option<Consumable>,
 }

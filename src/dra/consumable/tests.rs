@@ -145,3 +145,64 @@ fn shares_over_the_device_are_named() {
     let why = over_capacity(gpu, &vec![share(1024, 5); 17]).unwrap();
     assert!(why.contains("17 of its 16 MPS clients"), "{why}");
 }
+
+const MIG_FRACTIONAL: &str = "version: v1\nrules:\n  - devices: all\n    mig: {3g.40gb: 2}\n    mps:\n      replicas: 8\n      consumable:\n        memory: {default: 4Gi, min: 1Gi, step: 1Gi}\n        compute: {default: 10, min: 5, step: 5}\n";
+
+#[test]
+fn a_fractional_mig_device_is_one_consumable_device_and_falls_back_to_its_shares() {
+    let profile = parse_profile("f", MIG_FRACTIONAL).unwrap();
+    let node = ObservedNode::simulated(&["h100x1".to_string()]);
+    let plan = plan_for("f", &profile, &node, PluginKind::Dra).unwrap();
+    let slices = super::super::resource_slices("node-a", 1, &plan.gpus, &node);
+    assert!(
+        slices.iter().all(|s| s.spec.shared_counters.is_empty()),
+        "no counters: nothing consumes them"
+    );
+    let all = devices(&slices);
+    assert_eq!(all.len(), 2);
+    let mig = all[0];
+    assert_eq!(mig.name, "gpu-0-mig-0-3g-40gb-mps");
+    assert!(mig.is_consumable() && mig.consumes_counters.is_empty());
+    assert_eq!(
+        mig.attributes["migProfile"].string.as_deref(),
+        Some("3g.40gb")
+    );
+    let memory = crate::mig::catalog()
+        .model("h100")
+        .unwrap()
+        .profile("3g.40gb")
+        .unwrap()
+        .memory_mib
+        .unwrap();
+    assert_eq!(mig.capacity[MEMORY].value.0, format!("{memory}Mi"));
+    assert_eq!(mig.capacity[CLIENTS].value.0, "8");
+
+    let fixed = fixed_shares(&slices);
+    let shares = devices(&fixed);
+    assert_eq!(shares.len(), 16);
+    assert_eq!(shares[0].name, "gpu-0-mig-0-3g-40gb-share-0");
+    assert_eq!(
+        shares[0].capacity[MEMORY].value.0,
+        format!("{}Mi", memory / 8)
+    );
+}
+
+#[test]
+fn a_policy_larger_than_a_mig_profile_is_refused_by_the_plan() {
+    let text = MIG_FRACTIONAL
+        .replace("3g.40gb: 2", "1g.10gb: 7")
+        .replace("replicas: 8", "replicas: 4")
+        .replace(
+            "{default: 4Gi, min: 1Gi, step: 1Gi}",
+            "{default: 8Gi, min: 8Gi, step: 4Gi}",
+        );
+    let profile = parse_profile("f", &text).unwrap();
+    let node = ObservedNode::simulated(&["h100x1".to_string()]);
+    let e = plan_for("f", &profile, &node, PluginKind::Dra).unwrap_err();
+    let e = format!("{e:?}");
+    assert!(
+        e.contains("mps.consumable.memory.min plus one mps.consumable.memory.step is 12288 MiB")
+            && e.contains("the 1g.10gb MIG profile's"),
+        "{e}"
+    );
+}
