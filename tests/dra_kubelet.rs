@@ -982,7 +982,9 @@ async fn claims_sharing_a_consumable_gpu_get_their_own_mps_limits() {
     assert!(gpu.is_consumable());
 
     // A 10 GiB, 25 % claim; one asking nothing (the policy's defaults, 4Gi and 10);
-    // one asking 9.5 GiB and 12 %, rounded up to the next steps (10Gi, 15).
+    // one asking 9.5 GiB and 12 %, rounded up to the next steps (10Gi, 15): what the real
+    // 1.36.2 scheduler of ../shared/testbed wrote for the same ask and policy
+    // (docs/testbed/agent-checks.sh check 15: consumed {"clients":"1","compute":"15","memory":"10Gi"}).
     let big = consumed_capacity(&gpu, &asks(&[("memory", "10Gi"), ("compute", "25")])).unwrap();
     let plain = consumed_capacity(&gpu, &asks(&[])).unwrap();
     let rounded =
@@ -1214,6 +1216,9 @@ async fn a_share_of_a_fractional_mig_device_reaches_its_daemon_with_its_limits()
     let mig_uuid = text_attr(&mig, "uuid");
     assert!(mig_uuid.starts_with("MIG-"), "{mig_uuid}");
     let ask = consumed_capacity(&mig, &asks(&[("memory", "12Gi"), ("compute", "50")])).unwrap();
+    // Two such claims fit one MIG device (a capacity without a policy would be charged whole to
+    // each: the real scheduler kept a second claim Pending until `computeSlices` went).
+    fits(&mig, std::slice::from_ref(&ask), &ask).unwrap();
     let uid = node
         .allocated_shares("mig-share", &mig.name, &[("gpu", "s-1", &ask)])
         .await;

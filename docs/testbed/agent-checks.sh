@@ -54,7 +54,10 @@
 # run. 16. (only with the test bed started as `FEATURE_GATES=DRAConsumableCapacity=false
 # ./start.sh`) the same profile: the server drops allowMultipleAllocations, the agent publishes
 # 16 fixed MPS shares instead (Event ConsumableCapacityDropped); what the server does with a
-# claim's capacity requests, and a claim's pod on a share.
+# claim's capacity requests, and a claim's pod on a share. 17. Fractional MIG devices: GPU 0
+# `mig: {3g.40gb: 2}` beside `mps: {replicas: 8, consumable: ...}`: three pods asking memory and
+# compute land on the two MIG devices as first fit allows, each claim's CDI spec names its MIG
+# device, that device's MPS daemon and the claim's limits.
 # Results of the session that wrote it: its closing note (issues stops).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -725,4 +728,31 @@ $K label node "$NODE" gpu-share.dev/profile- >/dev/null
 stop_agent
 elif want 16; then
 echo "== 16. skipped: the test bed runs with DRAConsumableCapacity on (start it with FEATURE_GATES=DRAConsumableCapacity=false)"
+fi
+
+if want 17 && [ "$(gate DRAConsumableCapacity)" != false ]; then
+echo "== 17. fractional MIG devices: claims sharing 3g.40gb instances by memory and compute"
+dra_profiles --from-literal=fractional-mig="$(printf 'version: v1\nrules:\n- devices: [0]\n  mig: {3g.40gb: 2}\n  mps:\n    replicas: 8\n    consumable: {memory: {default: 4Gi, min: 1Gi, step: 1Gi}, compute: {default: 10, min: 5, step: 5}}\n- devices: [1]\n  exclusive: true\n')"
+agent 19617 --plugin dra --cdi-root "$W/cdi" --dra-plugin-dir "$W/dra" \
+  --pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock
+$K label node "$NODE" gpu-share.dev/profile=fractional-mig --overwrite >/dev/null
+wait_state success 90; echo "state $(state): $(reason)"
+echo "stored devices:"; stored_devices
+echo "NVML: $(nvml_instances)"
+share_pod mig-a 20Gi 50
+share_pod mig-b 12Gi 50
+share_pod mig-c 10Gi 10
+for p in mig-a mig-b mig-c; do $K wait --for=condition=Ready pod/$p --timeout=60s >/dev/null; done
+for p in mig-a mig-b mig-c; do share_status $p; done
+for p in mig-a mig-b mig-c; do
+  [ "$($K get pod $p -o jsonpath='{.status.phase}')" = Running ] || continue
+  uid=$($K get resourceclaim "$p" -o jsonpath='{.metadata.uid}')
+  echo "  $p: $(python3 -c 'import json,sys; e=json.load(open(sys.argv[1]))["devices"][0]["containerEdits"]["env"]; print(" ".join(x for x in e if x.startswith(("NVIDIA_VISIBLE","CUDA_MPS"))))' "$W/cdi/gpu.gpu-share.dev-claim_$uid.json")"
+done
+$K delete pod mig-a mig-b mig-c --wait=true --timeout=60s >/dev/null
+$K delete resourceclaim mig-a mig-b mig-c >/dev/null
+$K label node "$NODE" gpu-share.dev/profile- >/dev/null
+stop_agent
+elif want 17; then
+echo "== 17. skipped: the test bed runs with DRAConsumableCapacity off"
 fi

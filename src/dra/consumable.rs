@@ -46,6 +46,11 @@ const SUFFIX: &str = "-mps";
 pub fn device(gpu: Device, shares: &ConsumableShares, replicas: u64) -> Device {
     let mut device = gpu;
     device.name = format!("{}{SUFFIX}", device.name);
+    // Only capacities with a request policy: the scheduler charges a claim that asks nothing of
+    // a capacity without one its whole value (`fillEmptyRequest`), so a MIG device's
+    // `computeSlices` would let one claim take the device (seen on the real 1.36.2 scheduler:
+    // each claim consumed all 3 slices of a 3g.40gb device and a second claim stayed Pending).
+    device.capacity.clear();
     device.allow_multiple_allocations = Some(true);
     device
         .attributes

@@ -176,6 +176,11 @@ fn a_fractional_mig_device_is_one_consumable_device_and_falls_back_to_its_shares
         .unwrap();
     assert_eq!(mig.capacity[MEMORY].value.0, format!("{memory}Mi"));
     assert_eq!(mig.capacity[CLIENTS].value.0, "8");
+    assert!(
+        mig.capacity.values().all(|c| c.request_policy.is_some()),
+        "a capacity without a policy is charged whole to every claim: {:?}",
+        mig.capacity.keys()
+    );
 
     let fixed = fixed_shares(&slices);
     let shares = devices(&fixed);
