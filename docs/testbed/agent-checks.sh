@@ -704,6 +704,14 @@ echo "frac-a deleted; $(echo "$(date +%s.%N) - $t0" | bc) s later:"
 for p in frac-c frac-d frac-too-big; do share_status $p; done
 for p in frac-c frac-d; do [ "$($K get pod $p -o jsonpath='{.status.phase}')" = Running ] && { echo "  $p:"; share_limits $p; }; done
 echo "CDI specs left: $(ls "$W/cdi" | wc -l) (one per prepared claim)"
+# A classic pod (`nvidia.com/gpu: 1`, served from DRA through the extended-resource class): the
+# scheduler's own claim asks nothing, so it gets the policy's defaults.
+$K apply -f "$ROOT/deploy/overlays/dra/extended-resource-classes.yaml" >/dev/null
+gpu_workload frac-classic pod
+c=$($K get pod frac-classic -o jsonpath='{.status.extendedResourceClaimStatus.resourceClaimName}')
+echo "classic pod frac-classic ($($K get pod frac-classic -o jsonpath='{.status.phase}')): $($K get resourceclaim "$c" -o jsonpath='{.status.allocation.devices.results[0].device} consumed={.status.allocation.devices.results[0].consumedCapacity}')"
+$K delete pod frac-classic --wait=true --timeout=60s >/dev/null
+$K delete -f "$ROOT/deploy/overlays/dra/extended-resource-classes.yaml" >/dev/null
 $K delete pod frac-b frac-off-step frac-c frac-d frac-too-big --wait=true --timeout=60s >/dev/null
 $K delete resourceclaim frac-b frac-off-step frac-c frac-d frac-too-big >/dev/null
 $K label node "$NODE" gpu-share.dev/profile- >/dev/null
