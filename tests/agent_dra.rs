@@ -651,6 +651,42 @@ fn a_server_without_consumable_capacity_gets_fixed_shares_and_a_warning() {
     assert!(note.contains("0 (16 shares of 5097 MiB)"), "{note}");
 }
 
+/// Fractional MIG devices on a server without consumable capacity: each MIG device is
+/// published as its fixed MPS shares (an even split of its profile's memory), and the Warning
+/// names the GPU's MIG devices and their shares.
+#[test]
+fn fractional_mig_devices_fall_back_to_fixed_shares_with_a_warning() {
+    let api = Arc::new(KubeDouble::start());
+    api.set_consumable_capacity(false);
+    let text = "version: v1\nrules:\n  - devices: all\n    mig: {3g.40gb: 2}\n    mps:\n      replicas: 4\n      consumable:\n        memory: {default: 4Gi, min: 1Gi, step: 1Gi}\n        compute: {default: 10, min: 5, step: 5}\n";
+    profiles_configmap(&api, &[], &[("fractional-mig", text.to_string())]);
+    let mut node = AgentNode::new(&api, "dra-mig-no-consumable", gpus("h100", 1, true));
+    node.start_agent(&["--plugin", "dra"], &[]);
+    api.set_node_label(&node.name, PROFILE_LABEL, Some("fractional-mig"));
+    wait_applied_text(&api, &node, text, Duration::from_secs(30), "fractional-mig");
+    let want: BTreeSet<String> = ["gpu-0-mig-0-3g-40gb", "gpu-0-mig-4-3g-40gb"]
+        .iter()
+        .flat_map(|d| (0..4).map(move |k| format!("{d}-share-{k}")))
+        .collect();
+    assert!(
+        api.wait_until(Duration::from_secs(10), |a| device_names(&published(
+            a, &node.name
+        )) == want),
+        "{:?}",
+        device_names(&published(&api, &node.name))
+    );
+    api.wait_until(Duration::from_secs(10), |a| {
+        !events_of(a, "ConsumableCapacityDropped").is_empty()
+    });
+    let events = events_of(&api, "ConsumableCapacityDropped");
+    assert_eq!(events.len(), 1, "{events:?}");
+    let note = events[0].note.clone().unwrap_or_default();
+    assert!(
+        note.contains("0's MIG devices (3g.40gb: 4 shares of 10112 MiB)"),
+        "{note}"
+    );
+}
+
 /// Every published device of `node` with its taints (devices without taints left out).
 fn taints_of(api: &KubeDouble, node: &str) -> BTreeMap<String, Value> {
     published(api, node)

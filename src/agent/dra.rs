@@ -192,6 +192,22 @@ impl Reconciler {
                     g.index,
                     crate::mps::consumable::fixed_share_mib(c, *replicas)
                 )),
+                crate::sharing::PlannedMode::Mig {
+                    replicas,
+                    mps: Some(m),
+                    ..
+                } if !m.consumable.is_empty() => Some(format!(
+                    "{}'s MIG devices ({})",
+                    g.index,
+                    m.consumable
+                        .iter()
+                        .map(|(profile, c)| format!(
+                            "{profile}: {replicas} shares of {} MiB",
+                            crate::mps::consumable::fixed_share_mib(c, *replicas)
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
                 _ => None,
             })
             .collect();
