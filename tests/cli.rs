@@ -437,6 +437,17 @@ fn builtin_examples_validate_for_the_builtin_plugin_only_and_plan() {
     }
 }
 
+/// `file` is refused by `validate` for both device plugins with `why`, and valid for DRA.
+fn valid_for_dra_only(file: &str, why: &str) {
+    for plugin in ["nvidia", "builtin"] {
+        let out = gpu_share(&["validate", "--plugin", plugin, file]);
+        assert_eq!(out.status.code(), Some(1), "{plugin}: {}", stdout(&out));
+        assert!(stdout(&out).contains(why), "{}", stdout(&out));
+    }
+    let dra = gpu_share(&["validate", "--plugin", "dra", file]);
+    assert!(dra.status.success(), "{}", stdout(&dra));
+}
+
 /// The examples under profiles/dra/ (`dynamicMig`, DRA only): refused for both device plugins
 /// with a message naming `--plugin dra`, valid for DRA, and planned on the node each is written
 /// for with its dynamic GPUs left alone and their placements in the slices.
@@ -456,17 +467,7 @@ fn dra_examples_validate_for_dra_only_and_plan_dynamic_gpus() {
         "list new DRA examples here"
     );
     let file = "profiles/dra/h200-dynamic-mig.yaml";
-    for plugin in ["nvidia", "builtin"] {
-        let out = gpu_share(&["validate", "--plugin", plugin, file]);
-        assert_eq!(out.status.code(), Some(1), "{plugin}: {}", stdout(&out));
-        assert!(
-            stdout(&out).contains("dynamicMig needs `--plugin dra`"),
-            "{}",
-            stdout(&out)
-        );
-    }
-    let dra = gpu_share(&["validate", "--plugin", "dra", file]);
-    assert!(dra.status.success(), "{}", stdout(&dra));
+    valid_for_dra_only(file, "dynamicMig needs `--plugin dra`");
     let plan = gpu_share(&[
         "plan",
         "--plugin",
@@ -1077,17 +1078,7 @@ fn plan_for_dra_reads_which_instances_claims_made_from_the_journal() {
 #[test]
 fn the_fractional_example_is_dra_only_and_plans_consumable_devices() {
     let file = "profiles/dra/h100-fractional.yaml";
-    for plugin in ["nvidia", "builtin"] {
-        let out = gpu_share(&["validate", "--plugin", plugin, file]);
-        assert_eq!(out.status.code(), Some(1), "{plugin}: {}", stdout(&out));
-        assert!(
-            stdout(&out).contains("mps.consumable needs `--plugin dra`"),
-            "{}",
-            stdout(&out)
-        );
-    }
-    let dra = gpu_share(&["validate", "--plugin", "dra", file]);
-    assert!(dra.status.success(), "{}", stdout(&dra));
+    valid_for_dra_only(file, "mps.consumable needs `--plugin dra`");
     let schema = stdout(&gpu_share(&["schema"]));
     assert!(schema.contains("\"consumable\"") && schema.contains("ComputePolicy"));
     let text = gpu_share(&[
