@@ -200,24 +200,9 @@ pub fn share_of(
 /// Why the shares `held` of consumable `device` (every prepared claim's, the new one's
 /// included) exceed what it publishes, if they do: memory, compute or clients.
 pub fn over_capacity(device: &Device, held: &[Share]) -> Option<String> {
-    let published = |name: &str, parse: fn(&str) -> Option<u64>| {
-        device
-            .capacity
-            .get(name)
-            .and_then(|c| parse(&c.value.0))
-            .unwrap_or(0)
-    };
-    let memory = published(MEMORY, |t| quantity::parse_mebibytes_floor(t).ok());
-    let compute = published(COMPUTE, |t| {
-        quantity::parse_value(t)
-            .ok()
-            .and_then(|v| u64::try_from(v).ok())
-    });
-    let clients = published(CLIENTS, |t| {
-        quantity::parse_value(t)
-            .ok()
-            .and_then(|v| u64::try_from(v).ok())
-    });
+    let memory = published_mib(device, MEMORY).unwrap_or(0);
+    let compute = published_count(device, COMPUTE).unwrap_or(0);
+    let clients = published_count(device, CLIENTS).unwrap_or(0);
     let memory_held: u64 = held.iter().map(|s| s.memory_mib).sum();
     let compute_held: u64 = held.iter().map(|s| s.compute_percent).sum();
     let over = |what: &str, sum: u64, of: u64, unit: &str| {
@@ -265,18 +250,8 @@ pub fn fixed_shares(slices: &[ResourceSlice]) -> Vec<ResourceSlice> {
 }
 
 fn shares_of_consumable(device: &Device) -> Vec<Device> {
-    let value = |name: &str| {
-        device
-            .capacity
-            .get(name)
-            .and_then(|c| quantity::parse_value(&c.value.0).ok())
-            .and_then(|v| u64::try_from(v).ok())
-    };
-    let replicas = value(CLIENTS).unwrap_or(1).max(1);
-    let memory_mib = device
-        .capacity
-        .get(MEMORY)
-        .and_then(|c| quantity::parse_mebibytes_floor(&c.value.0).ok());
+    let replicas = published_count(device, CLIENTS).unwrap_or(1).max(1);
+    let memory_mib = published_mib(device, MEMORY);
     let mut base = device.clone();
     base.name = device
         .name
@@ -288,6 +263,17 @@ fn shares_of_consumable(device: &Device) -> Vec<Device> {
     base.capacity.clear();
     super::mps_limits(&mut base, None, memory_mib.map(|m| m / replicas));
     super::shares_of(&base, super::MPS, replicas)
+}
+
+/// A capacity `device` publishes, in whole MiB (rounded down); `None` when absent or unreadable.
+fn published_mib(device: &Device, name: &str) -> Option<u64> {
+    quantity::parse_mebibytes_floor(&device.capacity.get(name)?.value.0).ok()
+}
+
+/// A capacity `device` publishes, as a whole number; `None` when absent or unreadable.
+fn published_count(device: &Device, name: &str) -> Option<u64> {
+    let value = quantity::parse_value(&device.capacity.get(name)?.value.0).ok()?;
+    u64::try_from(value).ok()
 }
 
 #[cfg(test)]

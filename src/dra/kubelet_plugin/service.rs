@@ -285,21 +285,22 @@ impl Preparer {
                 problems: DeviceProblems(problems),
             });
         }
-        let edits = if answer.iter().any(|d| d.share.is_some()) && edits.len() > 1 {
-            let share = answer.iter().find(|d| d.share.is_some()).expect("found");
-            return Err(PrepareError::Merge {
-                claim: shown(),
-                source: cdi::MergeError::ShareBesideOthers {
-                    share: share.device_name.clone(),
-                    others: edits.len() - 1,
-                },
-            });
-        } else {
-            cdi::merge_claim_edits(edits).map_err(|source| PrepareError::Merge {
-                claim: shown(),
-                source,
-            })?
-        };
+        // A share's limits are its own: merged with another device's, one would be lost.
+        if let Some(share) = answer.iter().find(|d| d.share.is_some()) {
+            if edits.len() > 1 {
+                return Err(PrepareError::Merge {
+                    claim: shown(),
+                    source: cdi::MergeError::ShareBesideOthers {
+                        share: share.device_name.clone(),
+                        others: edits.len() - 1,
+                    },
+                });
+            }
+        }
+        let edits = cdi::merge_claim_edits(edits).map_err(|source| PrepareError::Merge {
+            claim: shown(),
+            source,
+        })?;
         let spec = (!edits.is_empty()).then(|| cdi::spec(&claim.uid, edits));
         Ok((answer, spec))
     }
