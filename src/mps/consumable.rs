@@ -48,8 +48,10 @@ pub fn validate(mps: &Mps) -> Vec<String> {
         Err(e) => problems.extend(e),
     }
     let compute = compute_policy(consumable);
-    for (field, value) in [("default", compute.default), ("min", compute.min)] {
-        if !(1..=WHOLE_COMPUTE_PERCENT).contains(&value) {
+    // The profile's own numbers in the message (the policy reads a negative one as 0).
+    let raw = &consumable.compute;
+    for (field, value) in [("default", raw.default), ("min", raw.min)] {
+        if !(1..=WHOLE_COMPUTE_PERCENT as i64).contains(&value) {
             problems.push(format!(
                 "mps.consumable.compute.{field} is {value}, but it must be between 1 and 100 (percent of the GPU's SMs)"
             ));
@@ -320,5 +322,11 @@ mod tests {
             "{p:?}"
         );
         assert!(p.iter().any(|m| m.contains("compute.min is 101")), "{p:?}");
+        let p = validate(&mps(["4Gi", "1Gi", "1Gi"], [-5, 5, 5]));
+        assert!(
+            p.iter()
+                .any(|m| m.contains("compute.default is -5, but it must be between 1 and 100")),
+            "the profile's number, not the 0 it is read as: {p:?}"
+        );
     }
 }
