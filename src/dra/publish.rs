@@ -56,19 +56,18 @@ pub struct Publisher {
     owner: OwnerReference,
     /// The highest generation this agent wrote: the next is above it even if a list lagged.
     last_generation: Mutex<i64>,
-    /// The API server was found dropping counters: publish without them.
-    counters_dropped: AtomicBool,
-    /// A publish has reported that ([`Outcome::CountersDropped`]), once.
-    drop_reported: AtomicBool,
-    /// The API server was found dropping device taints: publish faulted devices withdrawn.
-    taints_dropped: AtomicBool,
-    /// A publish has reported that ([`Outcome::TaintsDropped`]), once.
-    taints_drop_reported: AtomicBool,
-    /// The API server was found dropping consumable capacity: publish fixed shares.
-    consumable_dropped: AtomicBool,
-    /// A publish has reported that ([`Outcome::ConsumableDropped`]), once.
-    consumable_drop_reported: AtomicBool,
+    /// What the API server was found dropping, by [`Lost`]: from then on the publisher writes
+    /// what that server keeps ([`Publisher::as_the_server_keeps`]).
+    losses: [Loss; Lost::ALL.len()],
     published: Published,
+}
+
+/// One kind of field the server may drop: found (publish without it from then on) and
+/// reported (the outcome that says so was returned, once).
+#[derive(Default)]
+struct Loss {
+    found: AtomicBool,
+    reported: AtomicBool,
 }
 
 /// What one publish did.
@@ -99,12 +98,8 @@ enum Wrote {
     Pool {
         generation: i64,
     },
-    /// Stopped at the first slice the server stored without its counters.
-    CountersDropped,
-    /// Stopped at the first slice the server stored without its devices' taints.
-    TaintsDropped,
-    /// Stopped at the first slice the server stored with a consumable device not shareable.
-    ConsumableDropped,
+    /// Stopped at the first slice the server stored without a field it was sent.
+    Dropped(Lost),
 }
 
 impl Publisher {
@@ -121,12 +116,7 @@ impl Publisher {
             node_name: node_name.to_string(),
             owner: pool::node_owner(node_name, node_uid),
             last_generation: Mutex::new(0),
-            counters_dropped: AtomicBool::new(false),
-            drop_reported: AtomicBool::new(false),
-            taints_dropped: AtomicBool::new(false),
-            taints_drop_reported: AtomicBool::new(false),
-            consumable_dropped: AtomicBool::new(false),
-            consumable_drop_reported: AtomicBool::new(false),
+            losses: Default::default(),
             published,
         }
     }
@@ -138,8 +128,8 @@ impl Publisher {
 
     /// Make the API's pool equal to `desired` ([`super::resource_slices`]; its generation is
     /// replaced by the pool's next one when anything changes).
-    /// On a server found dropping counters, `desired` is published without them; on one found
-    /// dropping taints, without its tainted devices.
+    /// On a server found dropping a field, `desired` is published as that server keeps it
+    /// ([`Publisher::as_the_server_keeps`]).
     pub async fn publish(&self, desired: Vec<ResourceSlice>) -> Result<Outcome, kube::Error> {
         let mut desired = self.as_the_server_keeps(desired);
         loop {
@@ -152,19 +142,10 @@ impl Publisher {
                 Wrote::Pool { generation } => self
                     .unreported(generation)
                     .unwrap_or(Outcome::Written { generation }),
-                // Once each: the pool without counters has none to drop, nor without taints.
-                Wrote::CountersDropped => {
-                    self.found_counters_dropped();
-                    desired = self.as_the_server_keeps(desired);
-                    continue;
-                }
-                Wrote::TaintsDropped => {
-                    self.found_taints_dropped();
-                    desired = self.as_the_server_keeps(desired);
-                    continue;
-                }
-                Wrote::ConsumableDropped => {
-                    self.found_consumable_dropped();
+                // Once each: the pool as the server keeps it has nothing more of that kind to
+                // drop (no counters, no taints, no consumable devices).
+                Wrote::Dropped(lost) => {
+                    self.found(lost);
                     desired = self.as_the_server_keeps(desired);
                     continue;
                 }
@@ -174,65 +155,37 @@ impl Publisher {
         }
     }
 
-    /// `slices` as this publisher writes them: without counters once the server was found
-    /// dropping them, without tainted devices once it was found dropping taints.
-    fn as_the_server_keeps(&self, slices: Vec<ResourceSlice>) -> Vec<ResourceSlice> {
-        let slices = if self.consumable_dropped.load(Ordering::Relaxed) {
-            super::consumable::fixed_shares(&slices)
-        } else {
-            slices
-        };
-        let slices = if self.counters_dropped.load(Ordering::Relaxed) {
-            super::without_counters(&slices)
-        } else {
-            slices
-        };
-        if self.taints_dropped.load(Ordering::Relaxed) {
-            super::taints::without_tainted(&slices)
-        } else {
-            slices
+    /// `slices` as this publisher writes them, for each field the server was found dropping:
+    /// consumable GPUs as fixed shares, then no counters, then tainted devices withdrawn.
+    fn as_the_server_keeps(&self, mut slices: Vec<ResourceSlice>) -> Vec<ResourceSlice> {
+        for lost in Lost::ALL {
+            if self.loss(lost).found.load(Ordering::Relaxed) {
+                slices = lost.as_the_server_keeps(&slices);
+            }
         }
+        slices
     }
 
-    /// A loss found and not reported yet, as the outcome that reports it (counters first; a
-    /// taint loss found by the same publish is reported by the next).
+    fn loss(&self, lost: Lost) -> &Loss {
+        &self.losses[lost as usize]
+    }
+
+    /// A loss found and not reported yet, as the outcome that reports it (in [`Lost::ALL`]'s
+    /// order; another found by the same publish is reported by the next).
     fn unreported(&self, generation: i64) -> Option<Outcome> {
-        let once = |found: &AtomicBool, reported: &AtomicBool| {
-            found.load(Ordering::Relaxed) && !reported.swap(true, Ordering::Relaxed)
-        };
-        if once(&self.consumable_dropped, &self.consumable_drop_reported) {
-            Some(Outcome::ConsumableDropped { generation })
-        } else if once(&self.counters_dropped, &self.drop_reported) {
-            Some(Outcome::CountersDropped { generation })
-        } else if once(&self.taints_dropped, &self.taints_drop_reported) {
-            Some(Outcome::TaintsDropped { generation })
-        } else {
-            None
-        }
+        Lost::ALL
+            .into_iter()
+            .find(|&lost| {
+                let loss = self.loss(lost);
+                loss.found.load(Ordering::Relaxed) && !loss.reported.swap(true, Ordering::Relaxed)
+            })
+            .map(|lost| lost.outcome(generation))
     }
 
-    fn found_taints_dropped(&self) {
-        self.taints_dropped.store(true, Ordering::Relaxed);
-        warn!(
-            "the API server dropped the devices' taints (feature gate DRADeviceTaints off): \
-             faulted devices are withdrawn from the ResourceSlices instead of tainted"
-        );
-    }
-
-    fn found_consumable_dropped(&self) {
-        self.consumable_dropped.store(true, Ordering::Relaxed);
-        warn!(
-            "the API server dropped allowMultipleAllocations (feature gate DRAConsumableCapacity \
-             off): consumable MPS GPUs are published as fixed shares instead"
-        );
-    }
-
-    fn found_counters_dropped(&self) {
-        self.counters_dropped.store(true, Ordering::Relaxed);
-        warn!(
-            "the API server dropped the ResourceSlices' counters (feature gate \
-             DRAPartitionableDevices off): publishing without them, dynamic-MIG GPUs whole only"
-        );
+    /// The server was found dropping `lost`: from now on the pool is written as it keeps it.
+    fn found(&self, lost: Lost) {
+        self.loss(lost).found.store(true, Ordering::Relaxed);
+        warn!("{}", lost.warning());
     }
 
     /// Before a re-partition: republish the pool without the devices `next` (the slices the
@@ -253,9 +206,7 @@ impl Publisher {
             }
             // The aborted generation is incomplete, so nothing of the pool is allocatable
             // until the publish after the apply writes it without counters.
-            Wrote::CountersDropped => self.found_counters_dropped(),
-            Wrote::TaintsDropped => self.found_taints_dropped(),
-            Wrote::ConsumableDropped => self.found_consumable_dropped(),
+            Wrote::Dropped(lost) => self.found(lost),
         }
         Ok(gone.into_iter().collect())
     }
@@ -309,11 +260,8 @@ impl Publisher {
         let carried = self.carry_out(&update).await;
         // Even a write cut short used this generation: the next one goes above it.
         *self.last_generation.lock().expect("not poisoned") = update.generation;
-        match carried? {
-            Carried::All => {}
-            Carried::StoppedAt(Lost::Counters) => return Ok(Wrote::CountersDropped),
-            Carried::StoppedAt(Lost::Taints) => return Ok(Wrote::TaintsDropped),
-            Carried::StoppedAt(Lost::Consumable) => return Ok(Wrote::ConsumableDropped),
+        if let Carried::StoppedAt(lost) = carried? {
+            return Ok(Wrote::Dropped(lost));
         }
         info!(
             generation = update.generation,
@@ -328,9 +276,9 @@ impl Publisher {
     }
 
     /// Creates and replaces first, slices with counter sets or a consumable device before
-    /// those with a tainted device before the others, deletes last (see the module doc); a slice already gone is not
-    /// an error. Stops at the first slice the server stored without its counters or taints:
-    /// the rest is not written.
+    /// those with a tainted device before the others, deletes last (see the module doc); a
+    /// slice already gone is not an error. Stops at the first slice the server stored without
+    /// a field it was sent ([`Lost`]): the rest is not written.
     async fn carry_out(&self, update: &PoolUpdate) -> Result<Carried, kube::Error> {
         let post = crate::field_manager::post(crate::field_manager::AGENT);
         let turn = |s: &ResourceSlice| {
@@ -377,20 +325,67 @@ enum Carried {
 }
 
 /// What the server left out of a slice it stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Lost {
+    Consumable,
     Counters,
     Taints,
-    Consumable,
 }
 
-fn lost_in(sent: &ResourceSlice, stored: &ResourceSlice) -> Option<Lost> {
-    if pool::consumable_dropped(sent, stored) {
-        Some(Lost::Consumable)
-    } else if pool::counters_dropped(sent, stored) {
-        Some(Lost::Counters)
-    } else if pool::taints_dropped(sent, stored) {
-        Some(Lost::Taints)
-    } else {
-        None
+impl Lost {
+    /// Every kind, in the order a stored slice is checked for them, the pool is rewritten for
+    /// them and their outcomes are reported.
+    const ALL: [Lost; 3] = [Lost::Consumable, Lost::Counters, Lost::Taints];
+
+    /// Whether the server stored `sent` as `stored` without this field.
+    fn dropped_from(self, sent: &ResourceSlice, stored: &ResourceSlice) -> bool {
+        match self {
+            Lost::Consumable => pool::consumable_dropped(sent, stored),
+            Lost::Counters => pool::counters_dropped(sent, stored),
+            Lost::Taints => pool::taints_dropped(sent, stored),
+        }
     }
+
+    /// `slices` as a server dropping this field keeps them safe.
+    fn as_the_server_keeps(self, slices: &[ResourceSlice]) -> Vec<ResourceSlice> {
+        match self {
+            Lost::Consumable => super::consumable::fixed_shares(slices),
+            Lost::Counters => super::without_counters(slices),
+            Lost::Taints => super::taints::without_tainted(slices),
+        }
+    }
+
+    fn outcome(self, generation: i64) -> Outcome {
+        match self {
+            Lost::Consumable => Outcome::ConsumableDropped { generation },
+            Lost::Counters => Outcome::CountersDropped { generation },
+            Lost::Taints => Outcome::TaintsDropped { generation },
+        }
+    }
+
+    fn warning(self) -> &'static str {
+        match self {
+            Lost::Consumable => {
+                "the API server dropped allowMultipleAllocations (feature gate \
+                 DRAConsumableCapacity off): consumable MPS GPUs are published as fixed shares \
+                 instead"
+            }
+            Lost::Counters => {
+                "the API server dropped the ResourceSlices' counters (feature gate \
+                 DRAPartitionableDevices off): publishing without them, dynamic-MIG GPUs whole \
+                 only"
+            }
+            Lost::Taints => {
+                "the API server dropped the devices' taints (feature gate DRADeviceTaints off): \
+                 faulted devices are withdrawn from the ResourceSlices instead of tainted"
+            }
+        }
+    }
+}
+
+/// The first field (in [`Lost::ALL`]'s order) the server left out of `sent` when it stored it.
+fn lost_in(sent: &ResourceSlice, stored: &ResourceSlice) -> Option<Lost> {
+    Lost::ALL
+        .into_iter()
+        .find(|lost| lost.dropped_from(sent, stored))
 }
