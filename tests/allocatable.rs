@@ -123,3 +123,62 @@ fn the_builtin_plugin_without_a_kubelet_fails_until_one_is_there() {
         Some(&2)
     );
 }
+
+/// A change that cordons the node (here a MIG change) uncordons it only once the node
+/// advertises the plan. Uncordoned while the device plugin restarts on its new config, the
+/// scheduler still sees the old allocatable and binds pods that the kubelet then rejects: seen
+/// on the real kubelet 1.36 with NVIDIA's plugin v0.20.0 (docs/testbed/in-cluster.sh,
+/// time-slicing to exclusive with three holders: the Deployment's new pods failed with
+/// UnexpectedAdmissionError "Allocate failed due to requested number of devices unavailable",
+/// some twenty of them, until the plugin was back).
+#[test]
+fn a_cordoned_change_stays_cordoned_until_the_node_advertises_the_plan() {
+    let api = Arc::new(KubeDouble::start());
+    let mig =
+        |layout: &str| format!("version: v1\nrules:\n  - devices: all\n    mig: {{{layout}}}\n");
+    let profiles = [("mig-3g", mig("3g.40gb: 2")), ("mig-1g", mig("1g.10gb: 7"))];
+    profiles_configmap(&api, &[], &profiles);
+    let mut node = AgentNode::new(&api, "gpu-alloc-cordon", h100s(2, true));
+    api.set_node_label(&node.name, PROFILE_LABEL, Some("mig-3g"));
+    node.start_agent(&["--allocatable-timeout", "60s"], &[]);
+    wait_applied_text(
+        &api,
+        &node,
+        &profiles[0].1,
+        Duration::from_secs(30),
+        "mig-3g",
+    );
+
+    node.stop_nvidia_plugin();
+    api.set_node_label(&node.name, PROFILE_LABEL, Some("mig-1g"));
+    // The sign that the MIG change is applied and the agent waits for the plugin.
+    let waiting = "waiting for the node to advertise what profile mig-1g plans";
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !node.log().contains(waiting) {
+        assert!(std::time::Instant::now() < deadline, "{}", node.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cordoned = |api: &KubeDouble| {
+        api.node(&node.name)
+            .and_then(|n| n.spec?.unschedulable)
+            .unwrap_or(false)
+    };
+    assert!(
+        cordoned(&api),
+        "the node is cordoned while its plugin does not advertise the plan"
+    );
+    assert_ne!(state_of(&api, &node.name).as_deref(), Some("success"));
+
+    node.start_nvidia_plugin();
+    wait_applied_text(
+        &api,
+        &node,
+        &profiles[1].1,
+        Duration::from_secs(30),
+        "mig-1g",
+    );
+    assert!(!cordoned(&api), "uncordoned once the plan is advertised");
+    // Every GPU the same MIG layout: the derived strategy is `single`, instances as nvidia.com/gpu.
+    let seen = gpu_allocatable(&api, &node.name);
+    assert_eq!(seen.get("nvidia.com/gpu"), Some(&14), "{seen:?}");
+}

@@ -45,6 +45,8 @@ mod autopilot;
 mod autopilot_run;
 #[path = "deploy/dra.rs"]
 mod dra;
+#[path = "deploy/in_cluster.rs"]
+mod in_cluster;
 
 /// Env vars in the agent container that the NVIDIA container runtime reads, not gpu-share.
 const RUNTIME_ENV: [&str; 4] = [

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use tracing::{debug, info};
+use tracing::{debug, info, info_span, Instrument};
 
 use super::outcome::Outcome;
 use super::reconcile::Reconciler;
@@ -65,6 +65,22 @@ pub fn describe(shortfalls: &[(String, u64, u64)]) -> String {
 impl Reconciler {
     /// Wait until the Node's allocatable shows `expected` (the plan's resources), at most
     /// `self.allocatable_timeout`; zero waits not at all (the check is off).
+    /// [`Self::wait_for_allocatable`], in a step span of its own. A change that cordoned the
+    /// node waits for this before its uncordon: uncordoned while the device plugin restarts on
+    /// its new config, the scheduler still sees the old allocatable and binds pods that the
+    /// kubelet then rejects (UnexpectedAdmissionError: the pod fails; a bare pod is lost). Seen
+    /// on the real kubelet with NVIDIA's plugin (docs/testbed/in-cluster.sh, time-slicing to
+    /// exclusive with holders: some twenty failed pods before this wait).
+    pub(super) async fn advertised(
+        &self,
+        key: &str,
+        expected: &BTreeMap<String, u64>,
+    ) -> Result<(), Outcome> {
+        self.wait_for_allocatable(key, expected)
+            .instrument(info_span!("step", step = "allocatable"))
+            .await
+    }
+
     pub(super) async fn wait_for_allocatable(
         &self,
         key: &str,

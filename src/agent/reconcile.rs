@@ -2,9 +2,9 @@
 //!
 //! profile → observe → plan (pure) → if the MIG layout changes: `pending`, a fleet drain slot,
 //! cordon (remembering that we did), `draining` (only the pods on the instances that change),
-//! `applying` (MIG, MPS, plugin config, verify), uncordon, `success`. A plan without MIG change
-//! is applied at once, without cordon, eviction or a Node write first (the plugin config is what
-//! the user waits for), then `success`; `applying` is published only if it runs past 20 ms
+//! `applying` (MIG, MPS, plugin config, verify), the node advertising the plan, uncordon,
+//! `success`. A plan without MIG change is applied at once, without cordon, eviction or a Node
+//! write first (the plugin config is what the user waits for), then `success`; `applying` is published only if it runs past 20 ms
 //! (MPS daemons starting). Such a change the watch brought is planned against the Node the
 //! watch delivered and the GPUs as last read, confirmed by a fresh NVML read before `success`
 //! (see `plan_inventory`). Any failure: `failed` with the reason,
@@ -244,7 +244,8 @@ impl Reconciler {
                 && node::annotation(n, node::APPLIED_HASH_ANNOTATION) == Some(hash.as_str())
         });
         let mig_change = !todo.is_empty();
-        let outcome = if mig_change || !reallocated.is_empty() {
+        let reconfigured = mig_change || !reallocated.is_empty();
+        let outcome = if reconfigured {
             if mig_change {
                 // The MIG steps change the layout: the next plan reads the GPUs again.
                 self.forget_inventory();
@@ -290,12 +291,11 @@ impl Reconciler {
                 if let Some(failed) = self.failed_node_writes() {
                     return failed;
                 }
-                if let Err(short) = self
-                    .wait_for_allocatable(key, &node_plan.resources)
-                    .instrument(info_span!("step", step = "allocatable"))
-                    .await
-                {
-                    return short;
+                // A reconfigure waited for it already, before its uncordon.
+                if !reconfigured {
+                    if let Err(short) = self.advertised(key, &node_plan.resources).await {
+                        return short;
+                    }
                 }
                 self.publish(
                     State::Success,
@@ -381,7 +381,7 @@ impl Reconciler {
     }
 
     /// A MIG change, or devices advertised otherwise: drain what it disturbs under a fleet
-    /// slot, apply, uncordon.
+    /// slot, apply, wait for the node to advertise the plan, uncordon.
     async fn reconfigure(&self, change: &Change<'_>) -> Result<(), Outcome> {
         let key = change.valid.name();
         // The journal is written only once the drain is done: an unwritable state dir found
@@ -408,10 +408,14 @@ impl Reconciler {
             .await
             .map_err(|e| failed(Reason::DrainSlotTimeout, e))?;
         let renewal = slot.spawn_renewal();
-        let result = self
+        let mut result = self
             .drain_and_apply(change, &slot)
             .instrument(info_span!("step", step = "drain-and-apply", slot = %slot.name()))
             .await;
+        if result.is_ok() {
+            // Cordoned until the node advertises the plan ([`Self::advertised`] says why).
+            result = self.advertised(key, &change.node_plan.resources).await;
+        }
         renewal.abort();
         self.release_cordon(None).await;
         slot.release().await;
