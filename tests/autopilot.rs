@@ -584,7 +584,9 @@ fn on_simulated_nodes_pending_pods_become_schedulable_one_node_at_a_time() {
 
 /// The builtin and dra overlays install no GPU Feature Discovery: the autopilot knows the
 /// node's GPUs from the labels its agent writes from what it found (`gpu-share.dev/gpu.*`)
-/// and sizes it; no GFD label is ever set.
+/// and sizes it; no GFD label is ever set. Started as deploy/components/autopilot starts it,
+/// with no --plugin, it plans for the plugin the agent runs (builtin, as the node's
+/// `gpu-share.dev/plugin` says): the component works on the builtin overlay as shipped.
 #[test]
 fn a_node_without_gfd_is_sized_from_what_its_agent_found() {
     let api = Arc::new(KubeDouble::start());
@@ -593,8 +595,14 @@ fn a_node_without_gfd_is_sized_from_what_its_agent_found() {
     for i in 0..2 {
         pending_pod(&api, &format!("infer-{i}"), "nvidia.com/mig-3g.40gb");
     }
+    assert!(
+        api.wait_until(WAIT, |a| label(a, "gpu-1", "gpu-share.dev/plugin")
+            .is_some()),
+        "the agent labels its plugin\n{}",
+        node.log()
+    );
     let dir = tempfile::tempdir().unwrap();
-    let pilot = Autopilot::start(dir.path(), &api, "a", &["--plugin", "builtin"]);
+    let pilot = Autopilot::start(dir.path(), &api, "a", &[]);
     let served = |a: &KubeDouble| {
         gpu_allocatable(a, "gpu-1")
             .get("nvidia.com/mig-3g.40gb")
@@ -618,6 +626,7 @@ fn a_node_without_gfd_is_sized_from_what_its_agent_found() {
         Some("NVIDIA-H100-80GB-HBM3")
     );
     assert_eq!(label(&api, "gpu-1", "nvidia.com/gpu.product"), None);
+    assert!(pilot.log().contains("plugin=builtin"), "{}", pilot.log());
 }
 
 /// An autopilot whose --plugin differs from the plugin a node's agent runs (the agent labels

@@ -58,9 +58,12 @@ pub struct AutopilotArgs {
     /// Publish Events and the status ConfigMap only; never write profiles or node labels.
     #[arg(long, env = "GPU_SHARE_DRY_RUN")]
     pub dry_run: bool,
-    /// The device plugin the nodes run.
-    #[arg(long, env = "GPU_SHARE_PLUGIN", value_enum, default_value_t = PluginKind::Nvidia)]
-    pub plugin: PluginKind,
+    /// The device plugin the nodes run. Default: the one their agents run, as each publishes it
+    /// on its node (`gpu-share.dev/plugin`), so the autopilot follows the overlay installed; the
+    /// one most opted-in nodes run where they differ (the others are left out, with the reason),
+    /// nvidia where no agent has published one yet.
+    #[arg(long, env = "GPU_SHARE_PLUGIN", value_enum)]
+    pub plugin: Option<PluginKind>,
     /// Advise runs this long after the last pod/node change (at most 6× this after the first,
     /// so steady churn cannot postpone it for ever).
     #[arg(long, env = "GPU_SHARE_DEBOUNCE", default_value = "10s",
@@ -83,7 +86,7 @@ pub const MAX_DEBOUNCE: Duration = Duration::from_secs(3600);
 /// Refuse flags outside their bounds (docs/autopilot.md, "Bounds"), each naming the flag.
 pub fn check_args(args: &AutopilotArgs) -> anyhow::Result<()> {
     // advise sizes device-plugin resources; DRA nodes publish devices, not resources.
-    if args.plugin == PluginKind::Dra {
+    if args.plugin == Some(PluginKind::Dra) {
         anyhow::bail!(
             "--plugin dra: the autopilot plans for nodes running the nvidia or builtin device \
              plugin only (docs/autopilot.md)"

@@ -39,7 +39,8 @@ pub struct Settings {
     pub configmap: String,
     pub status_configmap: String,
     pub identity: String,
-    pub plugin: PluginKind,
+    /// `--plugin`; none: the plugin the nodes' agents run ([`plugin_the_agents_run`]).
+    pub plugin: Option<PluginKind>,
     pub max_changing: u32,
     pub dry_run: bool,
 }
@@ -63,6 +64,8 @@ struct Observed {
     pending: BTreeSet<String>,
     /// Nodes left out of the supply and pods left out of the demand, each with why.
     left_out: Vec<String>,
+    /// The device plugin the round planned for.
+    plugin: PluginKind,
 }
 
 impl Round {
@@ -86,6 +89,7 @@ impl Round {
             applied = count(Action::Applied),
             waiting = count(Action::WaitingBudget),
             blocked = count(Action::BlockedPdb),
+            plugin = %seen.plugin.name(),
             "round done"
         );
         Ok(status)
@@ -103,7 +107,9 @@ impl Round {
         .context("cannot read pods, nodes or the profiles ConfigMap")?;
         let pdbs = self.budgets().await?;
         let drain_holders = self.drain_holders().await?;
-        let plugin = s.plugin;
+        let plugin = s
+            .plugin
+            .unwrap_or_else(|| plugin_the_agents_run(&cluster.nodes));
         // Advising is CPU work, seconds for thousands of nodes and pending pods
         // (docs/autopilot.md, "Bounds"). The runtime has one thread: run there, it would stop
         // the Lease renewal, and a round longer than the Lease would let a second replica lead.
@@ -311,7 +317,33 @@ fn advised(
         left_out,
         advice,
         cluster,
+        plugin,
     })
+}
+
+/// The device plugin the agents run, as each publishes it on its node
+/// ([`crate::published::PLUGIN_LABEL`]): the one most nodes name (ties: nvidia, then builtin),
+/// nvidia where none names one the autopilot plans for. Nodes that run another are then left
+/// out of the round with the reason ([`live::from_cluster`]).
+pub fn plugin_the_agents_run(nodes: &[Node]) -> PluginKind {
+    let named = |kind: PluginKind| {
+        nodes
+            .iter()
+            .filter(|n| {
+                n.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(crate::published::PLUGIN_LABEL))
+                    .is_some_and(|v| v == kind.name())
+            })
+            .count()
+    };
+    let (nvidia, builtin) = (named(PluginKind::Nvidia), named(PluginKind::Builtin));
+    if builtin > nvidia {
+        PluginKind::Builtin
+    } else {
+        PluginKind::Nvidia
+    }
 }
 
 /// Nodes whose current profile configures the GPUs as the proposal would: no instance created
@@ -454,5 +486,40 @@ mod tests {
         assert_eq!(equivalent("pods: []"), ["idle"]);
         let mig_pod = "pods: [{name: p, phase: pending, requests: {nvidia.com/mig-1g.10gb: 1}}]";
         assert!(equivalent(mig_pod).is_empty());
+    }
+
+    fn node_running(plugin: Option<&str>) -> k8s_openapi::api::core::v1::Node {
+        let mut node = k8s_openapi::api::core::v1::Node::default();
+        node.metadata.labels = plugin.map(|p| {
+            [(crate::published::PLUGIN_LABEL.to_string(), p.to_string())]
+                .into_iter()
+                .collect()
+        });
+        node
+    }
+
+    /// With no --plugin the autopilot plans for the plugin the agents publish: the majority's,
+    /// nvidia on a tie or where none publishes one it plans for (dra nodes do not count).
+    #[test]
+    fn the_plugin_followed_is_the_one_most_agents_run() {
+        use super::plugin_the_agents_run as follow;
+        let nodes =
+            |names: &[Option<&str>]| names.iter().map(|p| node_running(*p)).collect::<Vec<_>>();
+        assert_eq!(follow(&[]), PluginKind::Nvidia);
+        assert_eq!(follow(&nodes(&[None, None])), PluginKind::Nvidia);
+        assert_eq!(
+            follow(&nodes(&[Some("builtin"), None])),
+            PluginKind::Builtin
+        );
+        assert_eq!(
+            follow(&nodes(&[Some("builtin"), Some("nvidia")])),
+            PluginKind::Nvidia
+        );
+        let two_builtin = [Some("builtin"), Some("nvidia"), Some("builtin")];
+        assert_eq!(follow(&nodes(&two_builtin)), PluginKind::Builtin);
+        assert_eq!(
+            follow(&nodes(&[Some("dra"), Some("dra")])),
+            PluginKind::Nvidia
+        );
     }
 }
