@@ -27,11 +27,16 @@
 # the shipped image's base (distroless/cc) holds. buildah/umoci from Debian would need a storage
 # driver and a registry-less transport set up for no gain here.
 #
-# Checks (ONLY="builtin dra" runs some): builtin, autopilot, dra, standalone, gpu-operator.
+# Checks (ONLY="builtin dra" runs some): builtin, upgrade, autopilot, dra, standalone, gpu-operator.
 #   builtin       the agent's own device plugin: label → success, allocatable = `gpu-share plan`.
+#   upgrade       builtin: the DaemonSet's image changed while a drain is held by a
+#                 PodDisruptionBudget: the new pod resumes, the change finishes once the budget
+#                 allows, no device held twice.
 #   autopilot     the builtin overlay with deploy/components/autopilot (dry-run, as shipped), a node
 #                 without GFD labels, two pods asking for MIG devices it lacks: what it says.
-#   dra           ResourceSlices published; the example pod's claim prepared by the agent's pod.
+#   dra           ResourceSlices published; the example pod's claim prepared by the agent's pod;
+#                 the image changed with the claim prepared: the pod keeps running, the new
+#                 agent unprepares the claim when the pod goes.
 #   standalone    NVIDIA's plugin in its own container: label → config written → the plugin
 #                 reloads (the agent's SIGHUP through hostPID, matched by pod UID) → allocatable =
 #                 plan; then time-slicing → exclusive with a holder: no device handed out twice.
@@ -53,6 +58,8 @@ NVML=${NVML:-$ROOT/target/debug/libnvidia_ml.so}
 MPS_CONTROL=${MPS_CONTROL:-$ROOT/target/debug/nvidia-cuda-mps-control}
 PLUGIN_BIN=${PLUGIN_BIN:-}
 TAG=${TAG:-in-cluster-1}
+# The second tag an upgrade moves to (the same binary: what is tested is the pod's replacement).
+TAG2=${TAG2:-$TAG-next}
 IDLE=${IDLE:-60}
 # The stand-in's files on the host (docs/testbed/in-cluster/runtime-standin mounts them).
 STANDIN=/var/lib/gpu-share-testbed
@@ -254,7 +261,8 @@ pods_of() { $K -n default get pods -l "app=$1" -o custom-columns=NAME:.metadata.
 # The standalone overlay (or gpu-operator, $1) with NVIDIA's device plugin in its own container.
 nvidia_plugin_checks() {
   local overlay=$1 t0
-  say "the plugin before any profile (its empty config: whole GPUs): $(allocatable)"
+  say "the plugin before any profile (its empty config: whole GPUs)"
+  wait_allocatable_to "nvidia.com/gpu=2" 30
   # A shipped profile NVIDIA's plugin can serve here: time-slicing, renamed nvidia.com/gpu.shared.
   # (MIG profiles it cannot: it reads /proc/driver/nvidia/capabilities/gpu<N>/mig/, which a
   # container's /proc cannot be given without the driver. tests/ cover MIG with its double.)
@@ -289,6 +297,7 @@ nvidia_plugin_checks() {
 # ---------------------------------------------------------------------------------------------
 say "building images"
 image "k8s.local/gpu-share:$TAG" '["/usr/bin/gpu-share"]' "$BIN=/usr/bin/gpu-share" || exit 1
+image "k8s.local/gpu-share:$TAG2" '["/usr/bin/gpu-share"]' "$BIN=/usr/bin/gpu-share" || exit 1
 if [ -n "$PLUGIN_BIN" ]; then
   image k8s.local/k8s-device-plugin:v0.20.0 '["/usr/bin/nvidia-device-plugin"]' \
     "$PLUGIN_BIN=/usr/bin/nvidia-device-plugin" "ldd:$NVML" || exit 1
@@ -306,6 +315,40 @@ if want builtin; then
   wait_allocatable h100-balanced 30
   agent_log 'applied|success|reconcil' 3
   memory builtin
+  finish
+fi
+
+if want upgrade; then
+  say "== upgrade mid-drain: builtin overlay, three holders on ts-4 under a PodDisruptionBudget that allows no eviction"
+  $K label node "$NODE" nvidia.com/gpu.present=true --overwrite >/dev/null
+  install builtin $RUNTIME
+  $K -n $NS patch configmap gpu-share-profiles --type merge \
+    -p '{"data":{"ts-4":"version: v1\nrules:\n- devices: all\n  timeSlicing: {replicas: 4}\n"}}' >/dev/null
+  $K label node "$NODE" gpu-share.dev/profile=ts-4 --overwrite >/dev/null
+  wait_applied ts-4 90; say "state $(state): $(reason)"
+  holders holder 3
+  $K -n default wait --for=condition=Ready pod -l app=holder --timeout=60s >/dev/null
+  $K apply -f - >/dev/null <<YAML
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: holder, namespace: default}
+spec: {minAvailable: 3, selector: {matchLabels: {app: holder}}}
+YAML
+  $K label node "$NODE" gpu-share.dev/profile=exclusive --overwrite >/dev/null
+  for _ in $(seq 1 60); do [ "$(state)" = draining ] && break; sleep 1; done
+  sleep 5
+  old=$(agent_pod)
+  say "state $(state): $(reason); node unschedulable=$($K get node "$NODE" -o jsonpath='{.spec.unschedulable}'); agent $old"
+  say "the image changed to a second tag, as an upgrade does (kubectl apply -k with the new tag)"
+  TAG=$TAG2 install builtin $RUNTIME
+  new=$(agent_pod)
+  say "agent $old → $new ($($K -n $NS get pod "$new" -o jsonpath='{.spec.containers[0].image}')); state $(state): $(reason)"
+  agent_log 'resum|journal|cordon|drain' 4
+  say "the budget lifted"
+  $K -n default delete pdb holder >/dev/null
+  wait_applied exclusive 120; say "state $(state): $(reason); node unschedulable=$($K get node "$NODE" -o jsonpath='{.spec.unschedulable}')"
+  sleep 5
+  pods_of holder; devices_twice
   finish
 fi
 
@@ -365,6 +408,14 @@ if want dra; then
   $K -n default wait --for=condition=Ready pod --all --timeout=90s 2>&1 | sed 's/^/  /'
   $K -n default get pods,resourceclaims 2>&1 | sed 's/^/  /'
   agent_log 'repar|claim' 4
+  say "upgrade with the claim prepared: the image changed to a second tag"
+  uid=$($K -n default get pod inference-1g -o jsonpath='{.metadata.uid}')
+  TAG=$TAG2 install dra $RUNTIME
+  say "pod inference-1g: $($K -n default get pod inference-1g -o jsonpath='{.metadata.uid} {.status.phase} restarts={.status.containerStatuses[0].restartCount}') (uid before: $uid)"
+  $K -n default get resourceclaims --no-headers 2>&1 | sed 's/^/  /'
+  say "the pod deleted: the new agent unprepares its claim"
+  $K -n default delete pod inference-1g --wait=true --timeout=60s 2>&1 | sed 's/^/  /'
+  agent_log 'unprepared' 1
   memory dra
   finish
 fi
