@@ -75,6 +75,12 @@ want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 say() { echo "[$(date +%T)] $*"; }
 state() { $K get node "$NODE" -o jsonpath='{.metadata.labels.gpu-share\.dev/profile\.state}'; }
 reason() { $K get node "$NODE" -o jsonpath='{.metadata.annotations.gpu-share\.dev/profile\.reason}'; }
+# Label the node with profile $1, wait (at most $2 s) for `success`, say how long it took.
+relabel() {
+  local t0; t0=$(date +%s)
+  $K label node "$NODE" gpu-share.dev/profile="$1" --overwrite >/dev/null
+  wait_applied "$1" "$2"; say "state $(state) after $(( $(date +%s) - t0 )) s: $(reason)"
+}
 # Wait (at most $2 s) for `success` with profile $1.
 wait_applied() {
   for _ in $(seq 1 "$2"); do [ "$(state)" = success ] && [ "$(reason)" = "profile $1 applied" ] && return 0; sleep 1; done
@@ -260,15 +266,13 @@ pods_of() { $K -n default get pods -l "app=$1" -o custom-columns=NAME:.metadata.
 
 # The standalone overlay (or gpu-operator, $1) with NVIDIA's device plugin in its own container.
 nvidia_plugin_checks() {
-  local overlay=$1 t0
+  local overlay=$1
   say "the plugin before any profile (its empty config: whole GPUs)"
   wait_allocatable_to "nvidia.com/gpu=2" 30
   # A shipped profile NVIDIA's plugin can serve here: time-slicing, renamed nvidia.com/gpu.shared.
   # (MIG profiles it cannot: it reads /proc/driver/nvidia/capabilities/gpu<N>/mig/, which a
   # container's /proc cannot be given without the driver. tests/ cover MIG with its double.)
-  t0=$(date +%s)
-  $K label node "$NODE" gpu-share.dev/profile=homelab-timeslice --overwrite >/dev/null
-  wait_applied homelab-timeslice 120; say "state $(state) after $(( $(date +%s) - t0 )) s: $(reason)"
+  relabel homelab-timeslice 120
   wait_allocatable homelab-timeslice 30
   agent_log 'device plugin signalled' 2
   $K -n $NS logs "$(agent_pod)" -c device-plugin 2>/dev/null | grep -iE 'signal|restart|starting|config' | tail -n 4 | cut -c1-200 | sed 's/^/  plugin log: /'
@@ -284,9 +288,7 @@ nvidia_plugin_checks() {
   pods_of holder; devices_twice
 
   say "ts-4 → exclusive with the three holders running"
-  t0=$(date +%s)
-  $K label node "$NODE" gpu-share.dev/profile=exclusive --overwrite >/dev/null
-  wait_applied exclusive 180; say "state $(state) after $(( $(date +%s) - t0 )) s: $(reason)"
+  relabel exclusive 180
   wait_allocatable exclusive 30
   sleep 5
   pods_of holder; devices_twice
@@ -309,9 +311,7 @@ if want builtin; then
   say "== builtin overlay"
   $K label node "$NODE" nvidia.com/gpu.present=true --overwrite >/dev/null
   install builtin $RUNTIME
-  t0=$(date +%s)
-  $K label node "$NODE" gpu-share.dev/profile=h100-balanced --overwrite >/dev/null
-  wait_applied h100-balanced 90; say "state $(state) after $(( $(date +%s) - t0 )) s: $(reason)"
+  relabel h100-balanced 90
   wait_allocatable h100-balanced 30
   agent_log 'applied|success|reconcil' 3
   memory builtin
@@ -396,9 +396,7 @@ if want dra; then
   say "== dra overlay"
   $K label node "$NODE" nvidia.com/gpu.present=true --overwrite >/dev/null
   install dra $RUNTIME
-  t0=$(date +%s)
-  $K label node "$NODE" gpu-share.dev/profile=h100-balanced --overwrite >/dev/null
-  wait_applied h100-balanced 90; say "state $(state) after $(( $(date +%s) - t0 )) s: $(reason)"
+  relabel h100-balanced 90
   $K get resourceslices -o custom-columns=NAME:.metadata.name,DRIVER:.spec.driver,DEVICES:.spec.devices[*].name 2>&1 | cut -c1-200 | sed 's/^/  /'
   # The example pod, with the test bed's busybox for its CUDA image (no registry here).
   $K apply -n default -f "$ROOT/deploy/examples/dra/resource-claim-templates.yaml" 2>&1 | sed 's/^/  /'
