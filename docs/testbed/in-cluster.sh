@@ -163,8 +163,10 @@ apply_overlay() {
   $K apply -k "$dir" 2>&1 | awk '{split($1, a, "/"); n[a[1] " " $2]++} END {for (k in n) print "  " n[k] " " k}' | sort -k2
 }
 
-# Apply overlay $1 with components $2..., wait for the agent pod to be Ready.
+# Label the node a GPU node (nvidia.com/gpu.present=true, as the overlays ask where no GPU
+# Operator does it), apply overlay $1 with components $2..., wait for the agent pod to be Ready.
 install() {
+  $K label node "$NODE" nvidia.com/gpu.present=true --overwrite >/dev/null
   apply_overlay "$@"
   if ! $K -n $NS rollout status ds/gpu-share --timeout=120s 2>&1 | tail -n 1 | sed 's/^/  /'; then :; fi
   $K -n $NS get pods -o wide 2>&1 | sed 's/^/  /'
@@ -309,7 +311,6 @@ uninstall
 
 if want builtin; then
   say "== builtin overlay"
-  $K label node "$NODE" nvidia.com/gpu.present=true --overwrite >/dev/null
   install builtin $RUNTIME
   relabel h100-balanced 90
   wait_allocatable h100-balanced 30
@@ -320,7 +321,6 @@ fi
 
 if want upgrade; then
   say "== upgrade mid-drain: builtin overlay, three holders on ts-4 under a PodDisruptionBudget that allows no eviction"
-  $K label node "$NODE" nvidia.com/gpu.present=true --overwrite >/dev/null
   install builtin $RUNTIME
   $K -n $NS patch configmap gpu-share-profiles --type merge \
     -p '{"data":{"ts-4":"version: v1\nrules:\n- devices: all\n  timeSlicing: {replicas: 4}\n"}}' >/dev/null
@@ -354,7 +354,6 @@ fi
 
 if want autopilot; then
   say "== builtin overlay + deploy/components/autopilot (as shipped: dry-run), no GFD labels on the node"
-  $K label node "$NODE" nvidia.com/gpu.present=true --overwrite >/dev/null
   install builtin $RUNTIME deploy/components/autopilot
   $K -n $NS rollout status deploy/gpu-share-autopilot --timeout=120s 2>&1 | tail -n 1 | sed 's/^/  /'
   $K label node "$NODE" gpu-share.dev/profile=exclusive --overwrite >/dev/null
@@ -394,7 +393,6 @@ fi
 
 if want dra; then
   say "== dra overlay"
-  $K label node "$NODE" nvidia.com/gpu.present=true --overwrite >/dev/null
   install dra $RUNTIME
   relabel h100-balanced 90
   $K get resourceslices -o custom-columns=NAME:.metadata.name,DRIVER:.spec.driver,DEVICES:.spec.devices[*].name 2>&1 | cut -c1-200 | sed 's/^/  /'
@@ -423,7 +421,6 @@ if want standalone; then
   if [ -z "$PLUGIN_BIN" ]; then
     say "SKIPPED: no PLUGIN_BIN (NVIDIA's plugin built from source; see the header)"
   else
-    $K label node "$NODE" nvidia.com/gpu.present=true --overwrite >/dev/null
     install standalone $RUNTIME $PLUGIN
     nvidia_plugin_checks standalone
     finish
