@@ -33,7 +33,8 @@
 #                 PodDisruptionBudget: the new pod resumes, the change finishes once the budget
 #                 allows, no device held twice.
 #   autopilot     the builtin overlay with deploy/components/autopilot (dry-run, as shipped), a node
-#                 without GFD labels, two pods asking for MIG devices it lacks: what it says.
+#                 without GFD labels, two pods asking for MIG devices it lacks: what it says; then
+#                 live, its image changed while the agent applies its proposal: the pods run.
 #   dra           ResourceSlices published; the example pod's claim prepared by the agent's pod;
 #                 the image changed with the claim prepared: the pod keeps running, the new
 #                 agent unprepares the claim when the pod goes.
@@ -387,6 +388,21 @@ for line in sys.stdin:
   $K get events -n default --field-selector involvedObject.kind=Node -o custom-columns=REASON:.reason,SOURCE:.reportingComponent,MESSAGE:.message --no-headers 2>/dev/null | grep -i autopilot | tail -n 3 | cut -c1-250 | sed 's/^/  event: /'
   pid=$(pgrep -f "^/usr/bin/gpu-share --log-format json autopilot" | head -n 1)
   [ -n "$pid" ] && echo "  autopilot (pid $pid): $(grep -E '^(VmRSS|RssAnon|RssFile)' "/proc/$pid/status" | awk '{printf "%s %s kB; ", $1, $2}')"
+  say "live, as docs/autopilot.md's step 3 does it (--dry-run removed)"
+  $K -n $NS patch deployment gpu-share-autopilot --type json \
+    -p '[{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": ["--log-format", "json", "autopilot"]}]' >/dev/null
+  for _ in $(seq 1 90); do
+    [ "$($K get node "$NODE" -o jsonpath='{.metadata.labels.gpu-share\.dev/profile}')" = "advised-$NODE" ] && break; sleep 1
+  done
+  say "node relabelled advised-$NODE, state $(state); the autopilot's image changed while the agent applies it"
+  $K -n $NS set image deployment/gpu-share-autopilot "autopilot=k8s.local/gpu-share:$TAG2" >/dev/null
+  $K -n $NS rollout status deploy/gpu-share-autopilot --timeout=120s 2>&1 | tail -n 1 | sed 's/^/  /'
+  wait_applied "advised-$NODE" 120; say "state $(state): $(reason)"
+  sleep 20
+  $K -n default get pods medium-1 medium-2 --no-headers 2>&1 | sed 's/^/  /'
+  $K -n $NS get configmap gpu-share-autopilot-status -o jsonpath='{.data.status\.yaml}' 2>&1 |
+    grep -E '^identity|^dryRun|action|reason' | cut -c1-200 | sed 's/^/  status: /'
+  $K get events -n default --field-selector reason=ProfileAdvised -o custom-columns=SOURCE:.reportingInstance,MESSAGE:.message --no-headers 2>/dev/null | cut -c1-200 | sed 's/^/  event: /'
   $K label node "$NODE" gpu-share.dev/autopilot- >/dev/null
   finish
 fi
