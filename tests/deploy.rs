@@ -371,6 +371,13 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// `path` as a kustomization in `dir` names it: "../" up to the root, then `path` (kustomize
+/// takes other kustomizations by relative path only).
+fn relative_from(dir: &Path, path: &Path) -> String {
+    let up = "../".repeat(dir.components().count() - 1);
+    format!("{up}{}", path.strip_prefix("/").unwrap().display())
+}
+
 /// `kubectl kustomize <dir>` as objects keyed by kind/namespace/name.
 fn kubectl_kustomize(dir: &Path) -> BTreeMap<String, Value> {
     let out = Command::new("kubectl")
@@ -1259,6 +1266,17 @@ const AGENT_POD_UID: &str = "5e1f0c2a-7b3d-4e8f-9a6b-1c2d3e4f5a6b";
 /// into the test's fixtures changes: host paths, the fake NVML and MPS control, the listen
 /// address (the overrides here and [`AgentNode::fixture_env`]); the downward-API values are what
 /// the kubelet would fill in.
+/// Every container image of the agent's pod in a rendered overlay, init containers first.
+fn agent_pod_images(objects: &[Value]) -> Vec<String> {
+    let (_, pod) = pod_spec(objects);
+    pod.init_containers
+        .iter()
+        .flatten()
+        .chain(&pod.containers)
+        .filter_map(|c| c.image.clone())
+        .collect()
+}
+
 fn start_agent(pod: &PodSpec, node: &mut AgentNode, namespace: &str) {
     start_agent_with(pod, node, namespace, &[]);
 }
@@ -2228,16 +2246,7 @@ fn the_readme_install_kustomization_retargets_every_gpu_share_image() {
     );
     let ours = format!("{name}:{tag}");
     for overlay in overlays() {
-        let rendered = render(&deploy().join("overlays").join(&overlay));
-        let images: Vec<String> = all::<DaemonSet>(&rendered.objects, "DaemonSet")
-            .into_iter()
-            .filter_map(|ds| ds.spec?.template.spec)
-            .flat_map(|pod| {
-                let init = pod.init_containers.unwrap_or_default();
-                init.into_iter().chain(pod.containers)
-            })
-            .filter_map(|c| c.image)
-            .collect();
+        let images = agent_pod_images(&render(&deploy().join("overlays").join(&overlay)).objects);
         assert!(images.contains(&ours), "{overlay}: no {ours} in {images:?}");
         for i in &images {
             let repository = i.rsplit_once(':').map_or(i.as_str(), |(r, _)| r);

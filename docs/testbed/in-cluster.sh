@@ -98,12 +98,11 @@ planned() {
   "$BIN" plan --profile "$ROOT/deploy/base/profiles/$1.yaml" --gpu h100x2 --output json |
     python3 -c 'import json, sys; r = json.load(sys.stdin)["resources"]; print(" ".join(f"{k}={v}" for k, v in sorted(r.items())))'
 }
-# Wait until allocatable equals the plan for profile $1 (at most $2 s); print both.
+# Wait until allocatable equals the plan for profile $1 (at most $2 s); print the plan.
 wait_allocatable() {
-  local want got; want=$(planned "$1")
-  for _ in $(seq 1 "$2"); do got=$(allocatable); [ "$got" = "$want" ] && break; sleep 1; done
-  echo "allocatable: $got"; echo "plan:        $want"
-  [ "$got" = "$want" ] && echo "OK: allocatable equals the plan" || echo "FAIL: allocatable differs from the plan"
+  local want; want=$(planned "$1")
+  echo "plan: $want"
+  wait_allocatable_to "$want" "$2"
 }
 # Wait until allocatable is $1 (at most $2 s).
 wait_allocatable_to() {

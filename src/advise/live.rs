@@ -21,14 +21,14 @@ use kube::api::ListParams;
 use kube::Api;
 
 use super::demand::{from_pod, Demand, HeldDevice, Phase, PodDemand};
-use super::node_gpus::{gpu_spec, gpus_of, has_gpu_labels, label};
+use super::node_gpus::{gpu_spec, gpus_of, has_gpu_labels};
 use super::running::check_held_devices;
 use super::supply::{Supply, SupplyNode};
 use crate::gpu::MAX_SIMULATED_GPUS;
 use crate::profile::parse_profile;
 use crate::profile::PROFILE_LABEL;
 use crate::published::{
-    annotation as node_annotation, content_hash, APPLIED_HASH_ANNOTATION, CORDON_ANNOTATION,
+    annotation as node_annotation, content_hash, label, APPLIED_HASH_ANNOTATION, CORDON_ANNOTATION,
     DEVICES_IN_USE_ANNOTATION, PLUGIN_LABEL,
 };
 use crate::sharing::PluginKind;

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Node;
 use crate::gpu_labels::{self, GFD_COUNT_LABEL as COUNT_LABEL, GFD_PRODUCT_LABEL as PRODUCT_LABEL};
 use crate::mig::catalog;
 use crate::profile::Profile;
+use crate::published::label;
 
 /// Why a node's GPU labels do not say which GPUs it has.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -51,10 +52,6 @@ pub enum LabelError {
         devices: u32,
         mig_profile: String,
     },
-}
-
-pub(super) fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
-    node.metadata.labels.as_ref()?.get(key).map(String::as_str)
 }
 
 /// Whether the node says which GPUs it has (GFD's product label or the agent's): a node with

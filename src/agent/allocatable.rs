@@ -63,8 +63,6 @@ pub fn describe(shortfalls: &[(String, u64, u64)]) -> String {
 }
 
 impl Reconciler {
-    /// Wait until the Node's allocatable shows `expected` (the plan's resources), at most
-    /// `self.allocatable_timeout`; zero waits not at all (the check is off).
     /// [`Self::wait_for_allocatable`], in a step span of its own. A change that cordoned the
     /// node waits for this before its uncordon: uncordoned while the device plugin restarts on
     /// its new config, the scheduler still sees the old allocatable and binds pods that the
@@ -81,6 +79,8 @@ impl Reconciler {
             .await
     }
 
+    /// Wait until the Node's allocatable shows `expected` (the plan's resources), at most
+    /// `self.allocatable_timeout`; zero waits not at all (the check is off).
     pub(super) async fn wait_for_allocatable(
         &self,
         key: &str,

@@ -4,15 +4,15 @@
 //! cordon (remembering that we did), `draining` (only the pods on the instances that change),
 //! `applying` (MIG, MPS, plugin config, verify), the node advertising the plan, uncordon,
 //! `success`. A plan without MIG change is applied at once, without cordon, eviction or a Node
-//! write first (the plugin config is what the user waits for), then `success`; `applying` is published only if it runs past 20 ms
-//! (MPS daemons starting). Such a change the watch brought is planned against the Node the
-//! watch delivered and the GPUs as last read, confirmed by a fresh NVML read before `success`
-//! (see `plan_inventory`). Any failure: `failed` with the reason,
-//! an Event, the node uncordoned if we cordoned it, and nothing changed on the GPUs when the
-//! profile or geometry is invalid. A reconcile without a MIG change also lifts a cordon of ours
-//! left behind; a Node write (state, uncordon) that fails fails the reconcile with `ApiError`
-//! instead of publishing `success` (which would claim a schedulable node), so the retry puts it
-//! right. The state dir is checked before the drain slot and the cordon.
+//! write first (the plugin config is what the user waits for), then `success`; `applying` is
+//! published only if it runs past 20 ms (MPS daemons starting). Such a change the watch brought is
+//! planned against the Node the watch delivered and the GPUs as last read, confirmed by a fresh
+//! NVML read before `success` (see `plan_inventory`). Any failure: `failed` with the reason, an
+//! Event, the node uncordoned if we cordoned it, and nothing changed on the GPUs when the profile
+//! or geometry is invalid. A reconcile without a MIG change also lifts a cordon of ours left
+//! behind; a Node write (state, uncordon) that fails fails the reconcile with `ApiError` instead of
+//! publishing `success` (which would claim a schedulable node), so the retry puts it right. The
+//! state dir is checked before the drain slot and the cordon.
 //!
 //! One plan per reconcile, read top-down in [`Reconciler::make_match`]: the label's text is
 //! parsed and validated once ([`ValidProfile`]); `plan_inventory` plans it on the GPUs (the

@@ -326,16 +326,11 @@ fn advised(
 /// nvidia where none names one the autopilot plans for. Nodes that run another are then left
 /// out of the round with the reason ([`live::from_cluster`]).
 pub fn plugin_the_agents_run(nodes: &[Node]) -> PluginKind {
+    use crate::published::{label, PLUGIN_LABEL};
     let named = |kind: PluginKind| {
         nodes
             .iter()
-            .filter(|n| {
-                n.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(crate::published::PLUGIN_LABEL))
-                    .is_some_and(|v| v == kind.name())
-            })
+            .filter(|n| label(n, PLUGIN_LABEL) == Some(kind.name()))
             .count()
     };
     let (nvidia, builtin) = (named(PluginKind::Nvidia), named(PluginKind::Builtin));

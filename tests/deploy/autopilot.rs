@@ -32,14 +32,7 @@ pub(super) fn render_with_autopilot(overlay: &str) -> Rendered {
 /// names both by relative paths (kustomize refuses nothing else there).
 pub(super) fn kubectl_kustomize_with_autopilot(overlay: &str) -> BTreeMap<String, Value> {
     let dir = tempfile::tempdir().unwrap();
-    let up = dir
-        .path()
-        .components()
-        .skip(1)
-        .map(|_| "..")
-        .collect::<Vec<_>>()
-        .join("/");
-    let rel = |p: PathBuf| format!("{up}{}", p.display());
+    let rel = |p: PathBuf| relative_from(dir.path(), &p);
     std::fs::write(
         dir.path().join("kustomization.yaml"),
         format!(

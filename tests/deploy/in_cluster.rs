@@ -22,14 +22,7 @@ const STANDIN_ENV: [&str; 2] = ["FAKE_NVML_STATE", "GPU_SHARE_HOST_ROOT"];
 /// in a temporary directory (kustomize takes other kustomizations by relative path only).
 fn kubectl_kustomize_as_the_script_does(overlay: &str, components: &[&str]) -> Vec<Value> {
     let dir = tempfile::tempdir().unwrap();
-    let up = dir
-        .path()
-        .components()
-        .skip(1)
-        .map(|_| "../")
-        .collect::<String>()
-        + root().strip_prefix("/").unwrap().to_str().unwrap()
-        + "/";
+    let up = relative_from(dir.path(), &root()) + "/";
     let components: Vec<String> = components
         .iter()
         .map(|c| format!("\"{up}docs/testbed/in-cluster/{c}\""))
@@ -53,17 +46,6 @@ fn standins_for(shipped: &[Value]) -> Vec<&'static str> {
     } else {
         vec!["runtime-standin"]
     }
-}
-
-/// Every container image of a rendered overlay (init containers included).
-fn images(objects: &[Value]) -> Vec<String> {
-    let (_, pod) = pod_spec(objects);
-    pod.init_containers
-        .iter()
-        .flatten()
-        .chain(&pod.containers)
-        .filter_map(|c| c.image.clone())
-        .collect()
 }
 
 /// The DaemonSet's JSON with what the stand-in added taken out and the shipped images put back.
@@ -141,13 +123,13 @@ fn each_overlay_on_the_test_bed_is_the_shipped_one_with_only_images_and_the_runt
             shipped_map.keys().collect::<Vec<_>>(),
             "{overlay}: the test bed applies other objects"
         );
-        for image in images(&tested) {
+        for image in agent_pod_images(&tested) {
             assert!(
                 image.starts_with("k8s.local/"),
                 "{overlay}: image {image} is not one the script imports (kustomization.yaml.in)"
             );
         }
-        let shipped_images = images(&shipped);
+        let shipped_images = agent_pod_images(&shipped);
         for (key, theirs) in &tested_map {
             let ours = &shipped_map[key];
             let (expected, got) = match key.as_str() {
